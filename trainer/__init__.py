@@ -1,0 +1,1 @@
+"""Trains on the pipeline's TFRecords under any tf.distribute strategy (TPU included)."""
