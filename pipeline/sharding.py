@@ -1,0 +1,76 @@
+"""Choosing the number of shards and which records go to each, from byte counts.
+
+Records are ordered by their shuffle key. The key's top bits put each record
+in a bucket (a contiguous range of that order); per-bucket record and byte
+counts are cheap to aggregate, and cutting the ordered buckets at multiples of
+``total_bytes / num_shards`` gives shards that differ from the mean by at most
+about one bucket. Bucket counts are chosen so a bucket is a small fraction of
+a shard.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Mapping
+
+BUCKETS_PER_SHARD = 256
+MIN_BUCKET_BITS = 6
+MAX_BUCKET_BITS = 20
+
+
+def num_shards_for(total_bytes: int, target_shard_bytes: int, min_shards: int,
+                   num_records: int) -> int:
+    """``max(min_shards, ceil(total / target))``, never more than the records."""
+    if target_shard_bytes <= 0:
+        raise ValueError("target shard size must be positive")
+    wanted = max(min_shards, math.ceil(total_bytes / target_shard_bytes), 1)
+    return max(1, min(wanted, num_records))
+
+
+def bucket_bits_for(estimated_bytes: int, target_shard_bytes: int,
+                    min_shards: int) -> int:
+    """How many leading key bits name a bucket, for a dataset of about this size."""
+    shards = max(min_shards, math.ceil(estimated_bytes / target_shard_bytes), 1)
+    bits = math.ceil(math.log2(shards * BUCKETS_PER_SHARD))
+    return min(MAX_BUCKET_BITS, max(MIN_BUCKET_BITS, bits))
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardPlan:
+    """For one split: how many shards, and the shard of every non-empty bucket."""
+
+    num_shards: int
+    bucket_to_shard: Mapping[int, int]
+    num_records: int
+    total_bytes: int
+
+
+def plan_shards(bucket_sizes: Mapping[int, tuple[int, int]],
+                target_shard_bytes: int, min_shards: int) -> ShardPlan:
+    """Assigns buckets (id -> (records, bytes)) to shards of near-equal bytes.
+
+    A bucket goes to the shard that holds its byte midpoint. If buckets are so
+    coarse that a shard would stay empty, the empty shard is dropped, so every
+    listed shard holds records.
+    """
+    num_records = sum(count for count, _ in bucket_sizes.values())
+    total_bytes = sum(size for _, size in bucket_sizes.values())
+    if num_records == 0:
+        return ShardPlan(0, {}, 0, 0)
+    wanted = num_shards_for(total_bytes, target_shard_bytes, min_shards,
+                            num_records)
+    provisional = {}
+    start = 0
+    for bucket in sorted(bucket_sizes):
+        size = bucket_sizes[bucket][1]
+        midpoint = start + size / 2
+        provisional[bucket] = min(wanted - 1,
+                                  int(midpoint * wanted // max(total_bytes, 1)))
+        start += size
+    renumber = {old: new for new, old in
+                enumerate(sorted(set(provisional.values())))}
+    return ShardPlan(num_shards=len(renumber),
+                     bucket_to_shard={b: renumber[s]
+                                      for b, s in provisional.items()},
+                     num_records=num_records, total_bytes=total_bytes)
