@@ -1,1 +1,24 @@
-"""Trains on the pipeline's TFRecords under any tf.distribute strategy (TPU included)."""
+"""Trains on the pipeline's TFRecords under any tf.distribute strategy (TPU included).
+
+Keras flavour: this package uses tf-keras (Keras 2), imported explicitly as
+``import tf_keras as keras``, and sets ``TF_USE_LEGACY_KERAS=1`` before
+TensorFlow is imported so that ``tf.keras`` resolves to the same library.
+Why not Keras 3: Keras 3.15 fails under ``MirroredStrategy`` with two or more
+replicas once ``steps_per_execution > 1`` (keras-team/keras#19246), and on CPU
+gave no speed-up from ``steps_per_execution`` at all; tf-keras 2.21 runs that
+combination and gets the expected gain from folding many steps into one
+``tf.function`` call. Multi-step execution is what keeps a TPU fed, so the
+Keras flavour is chosen for it.
+
+The environment variable must be set before the first ``import tensorflow``
+in the process, which is why it happens here, at the top of the package, and
+why every module of the package imports ``trainer`` first (any
+``trainer.x`` import runs this file before ``x``).
+
+Importing the package never imports Apache Beam; the only project module it
+uses is `pipeline.contract`, which is standard-library only.
+"""
+
+import os
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")

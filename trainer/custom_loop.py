@@ -1,0 +1,201 @@
+"""A hand-written distributed training loop (the guide's "custom training loop").
+
+Why a second loop: it shows, and lets you control, what ``Model.fit`` does
+under a strategy. Its pieces:
+
+* ``_train_step`` runs on every replica via ``strategy.run``. The loss is
+  ``tf.nn.compute_average_loss(per_example, global_batch_size=...)`` (each
+  replica divides by the *global* batch so that summing gradients across
+  replicas gives the mean) plus ``tf.nn.scale_regularization_loss`` of the
+  L2 terms (likewise divided by the number of replicas).
+* Multi-step execution: ``_train_steps`` is one ``tf.function`` whose body is
+  ``for _ in tf.range(steps)``, which AutoGraph turns into a ``tf.while_loop``
+  that runs on the worker (on a TPU: on the device) without returning to
+  Python between steps. The loop owns the ``tf.function``; the step is plain
+  Python, so the two compose. ``steps`` is a tensor, so a shorter last chunk
+  does not retrace. ``steps_per_execution=1`` uses ``_train_one``, a
+  ``tf.function`` without the loop.
+* Evaluation takes the padded, weighted batches of `trainer.data` and
+  weights every metric, so padding does not count.
+* ``tf.train.CheckpointManager`` saves model + optimizer (whose
+  ``iterations`` is the global step) at every epoch end; a restart in the
+  same ``model_dir`` resumes from the latest checkpoint at its step. The
+  input pipeline is not checkpointed: a resumed run draws a fresh shuffle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
+import tensorflow as tf
+import tf_keras as keras
+
+from pipeline.contract import join_path
+from trainer import data, model as model_lib, outputs
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopOptions:
+    epochs: int
+    steps_per_epoch: int
+    global_batch_size: int
+    steps_per_execution: int = 1
+    log_every: int = 100
+    jit_compile: bool = False
+    keep_checkpoints: int = 3
+
+
+class CustomLoop:
+    """Model, optimizer, metrics and the compiled train/eval functions."""
+
+    def __init__(self, strategy: tf.distribute.Strategy, model_name: str,
+                 learning_rate: float, options: LoopOptions):
+        self.strategy = strategy
+        self.options = options
+        with strategy.scope():
+            self.model = model_lib.build_model(model_name)
+            self.optimizer = keras.optimizers.Adam(learning_rate)
+            self.optimizer.build(self.model.trainable_variables)
+            self.train_loss = keras.metrics.Mean(name="loss")
+            self.train_accuracy = keras.metrics.SparseCategoricalAccuracy(name="accuracy")
+            self.test_metrics = model_lib.eval_metrics()
+        step = self._train_step
+        if options.jit_compile:
+            step = tf.function(step, jit_compile=True)
+        self.replica_step = step
+
+    # -- per replica ---------------------------------------------------------
+    def _train_step(self, batch):
+        images, labels = batch[data.contract.IMAGE_KEY], batch[data.contract.LABEL_KEY]
+        with tf.GradientTape() as tape:
+            logits = self.model(images, training=True)
+            per_example = keras.losses.sparse_categorical_crossentropy(
+                labels, logits, from_logits=True)
+            loss = tf.nn.compute_average_loss(
+                per_example, global_batch_size=self.options.global_batch_size)
+            if self.model.losses:
+                loss += tf.nn.scale_regularization_loss(tf.add_n(self.model.losses))
+        grads = tape.gradient(loss, self.model.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+        # Each replica's loss is its share of the global mean; scale it back.
+        self.train_loss.update_state(loss * self.strategy.num_replicas_in_sync)
+        self.train_accuracy.update_state(labels, logits)
+
+    def _eval_step(self, batch):
+        logits = self.model(batch[data.contract.IMAGE_KEY], training=False)
+        for metric in self.test_metrics:
+            metric.update_state(batch[data.contract.LABEL_KEY], logits,
+                                sample_weight=batch[data.WEIGHT_KEY])
+
+    # -- compiled loops --------------------------------------------------------
+    @tf.function
+    def _train_steps(self, iterator, steps):
+        for _ in tf.range(steps):
+            self.strategy.run(self.replica_step, args=(next(iterator),))
+
+    @tf.function
+    def _train_one(self, iterator):
+        self.strategy.run(self.replica_step, args=(next(iterator),))
+
+    @tf.function
+    def _eval_steps(self, iterator, steps):
+        for _ in tf.range(steps):
+            self.strategy.run(self._eval_step, args=(next(iterator),))
+
+    def train(self, iterator, steps: int) -> None:
+        """Runs ``steps`` training steps, ``steps_per_execution`` per call."""
+        chunk = self.options.steps_per_execution
+        done = 0
+        while done < steps:
+            n = min(chunk, steps - done)
+            if chunk == 1:
+                self._train_one(iterator)
+            else:
+                self._train_steps(iterator, tf.constant(n))
+            done += n
+
+    def evaluate(self, dist_dataset, steps: int) -> dict:
+        for metric in self.test_metrics:
+            metric.reset_state()
+        self._eval_steps(iter(dist_dataset), tf.constant(steps))
+        r = {m.name: float(m.result()) for m in self.test_metrics}
+        return {"test_loss": r["xent"], "test_accuracy": r["accuracy"],
+                "test_examples": int(round(r["examples"]))}
+
+
+def run(*, strategy: tf.distribute.Strategy, model_name: str, learning_rate: float,
+        train: data.SplitInput, test: data.SplitInput, model_dir: str,
+        options: LoopOptions) -> dict:
+    """Trains (resuming from ``model_dir``), evaluates, exports; returns metrics."""
+    loop = CustomLoop(strategy, model_name, learning_rate, options)
+    train_ds = train.distribute(strategy)
+    test_ds = test.distribute(strategy)
+    eval_steps = test.steps
+
+    ckpt = tf.train.Checkpoint(model=loop.model, optimizer=loop.optimizer)
+    manager = tf.train.CheckpointManager(
+        ckpt, outputs.write_dir(model_dir, outputs.CHECKPOINTS, strategy),
+        max_to_keep=options.keep_checkpoints, step_counter=loop.optimizer.iterations)
+    if manager.latest_checkpoint:
+        ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
+        log.info("restored %s", manager.latest_checkpoint)
+    start = int(loop.optimizer.iterations.numpy())
+    logs_dir = outputs.write_dir(model_dir, outputs.LOGS, strategy)
+    train_writer = tf.summary.create_file_writer(join_path(logs_dir, "train"))
+    test_writer = tf.summary.create_file_writer(join_path(logs_dir, "validation"))
+
+    spe, total = options.steps_per_epoch, options.epochs * options.steps_per_epoch
+    if start:
+        print(f"resuming at step {start}/{total}", flush=True)
+    history = {"train_loss": [], "train_accuracy": [], "test_loss": [], "test_accuracy": []}
+    iterator = iter(train_ds)
+    step = start
+    result = {}
+    while step < total:
+        epoch = step // spe
+        epoch_end = (epoch + 1) * spe
+        loop.train_loss.reset_state()
+        loop.train_accuracy.reset_state()
+        while step < epoch_end:
+            # Run up to the next progress line (a multiple of log_every) or the epoch end.
+            stop = min(epoch_end, (step // options.log_every + 1) * options.log_every)
+            t0 = time.perf_counter()
+            loop.train(iterator, stop - step)
+            loss = float(loop.train_loss.result())  # waits for the steps to finish
+            seconds = time.perf_counter() - t0
+            rate = (stop - step) * options.global_batch_size / max(seconds, 1e-9)
+            step = stop
+            accuracy = float(loop.train_accuracy.result())
+            print(f"step {step}/{total} epoch {epoch + 1}/{options.epochs} "
+                  f"loss {loss:.4f} accuracy {accuracy:.4f} {rate:.0f} examples/s",
+                  flush=True)
+            with train_writer.as_default(step=step):
+                tf.summary.scalar("loss", loss)
+                tf.summary.scalar("accuracy", accuracy)
+                tf.summary.scalar("examples_per_second", rate)
+        result = loop.evaluate(test_ds, eval_steps)
+        print(f"epoch {epoch + 1}/{options.epochs} test_loss {result['test_loss']:.4f} "
+              f"test_accuracy {result['test_accuracy']:.4f} "
+              f"({result['test_examples']} examples)", flush=True)
+        with test_writer.as_default(step=step):
+            tf.summary.scalar("loss", result["test_loss"])
+            tf.summary.scalar("accuracy", result["test_accuracy"])
+        history["train_loss"].append(float(loop.train_loss.result()))
+        history["train_accuracy"].append(float(loop.train_accuracy.result()))
+        history["test_loss"].append(result["test_loss"])
+        history["test_accuracy"].append(result["test_accuracy"])
+        manager.save(checkpoint_number=step)
+    train_writer.flush()
+    test_writer.flush()
+
+    if step == start:  # nothing left to train: still report the test metrics
+        result = loop.evaluate(test_ds, eval_steps)
+    loop.model.save(outputs.write_dir(model_dir, outputs.EXPORT, strategy), save_format="tf")
+    outputs.discard_scratch(model_dir, strategy)
+    return {"train_steps": int(loop.optimizer.iterations.numpy()),
+            "resumed_from_step": start, **result, "history": history}

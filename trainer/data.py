@@ -1,0 +1,281 @@
+"""Input pipeline: the pipeline's TFRecord shards → per-replica batches.
+
+Everything here goes through ``tf.io.gfile`` and ``tf.data``, never ``open``
+or ``os.path``, so the same code reads a local directory, ``gs://`` on a TPU
+VM, or TF's in-memory ``ram://`` filesystem (which the tests use to prove it).
+
+Each split becomes a `SplitInput`, whose ``dataset_fn(input_context)`` is
+meant for ``strategy.distribute_datasets_from_function``: TensorFlow calls it
+once per input pipeline (one per host/worker), and each pipeline builds the
+batches of its own replicas.
+
+Training (`SplitInput` with ``training=True``): shard *files* across
+pipelines when there are at least as many files as pipelines (no pipeline
+reads bytes another one discards); otherwise read everything in a fixed
+order and keep every n-th record (a logged warning: each pipeline then reads
+all the data). Files are read in parallel with a non-deterministic
+interleave (throughput over order; shuffling follows anyway), records are
+optionally cached, shuffled, repeated, batched with ``drop_remainder=True``
+(TPUs need static shapes) and only then parsed: one vectorized
+``tf.io.parse_example`` per batch instead of one op per record.
+
+Evaluation (``training=False``): every example exactly once. The last,
+partial batch is padded to the full per-replica size and the padding gets
+``weight`` 0, and pipelines that run out early emit all-padding batches, so
+that every replica runs the same number of steps with static shapes; the
+loops weight their metrics by ``weight``. The number of steps follows from
+the manifest's per-file counts, so no pass over the data is needed to know
+it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from typing import Optional, Sequence
+
+import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
+import tensorflow as tf
+
+from pipeline import contract
+from trainer.config import TrainerError
+
+log = logging.getLogger(__name__)
+
+AUTOTUNE = tf.data.AUTOTUNE
+WEIGHT_KEY = "weight"  # 1 for a real example, 0 for eval padding
+MAX_PARALLEL_FILES = 16
+
+
+def load_manifest(data_dir: str) -> contract.Manifest:
+    """Reads ``manifest.json`` from ``data_dir`` (any tf.io.gfile path)."""
+    path = contract.join_path(data_dir, contract.MANIFEST_FILE)
+    try:
+        is_dir = tf.io.gfile.isdir(data_dir)
+        has_manifest = is_dir and tf.io.gfile.exists(path)
+    except tf.errors.OpError as e:  # e.g. gs:// without credentials or network
+        raise TrainerError(f"{data_dir}: cannot access ({_first_line(e)})") from None
+    if not is_dir:
+        raise TrainerError(f"{data_dir}: data directory not found")
+    if not has_manifest:
+        raise TrainerError(
+            f"{path}: no {contract.MANIFEST_FILE} (not a complete pipeline output; "
+            "the pipeline writes it last)")
+    try:
+        with tf.io.gfile.GFile(path, "r") as f:
+            text = f.read()
+        return contract.Manifest.from_json(text, origin=path)
+    except contract.ContractError as e:
+        raise TrainerError(str(e)) from None
+    except tf.errors.OpError as e:
+        raise TrainerError(f"{path}: cannot read ({_first_line(e)})") from None
+
+
+def _first_line(error: tf.errors.OpError) -> str:
+    return (error.message.strip().splitlines() or [type(error).__name__])[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitFiles:
+    """One split's files (full paths) and per-file example counts."""
+
+    name: str
+    files: tuple[str, ...]
+    counts: tuple[int, ...]
+    image_format: str
+    compression_type: str  # for TFRecordDataset: "" or "GZIP"
+
+    @property
+    def num_examples(self) -> int:
+        return sum(self.counts)
+
+
+def split_files(data_dir: str, manifest: contract.Manifest, split: str) -> SplitFiles:
+    """The files of ``split`` as listed in the manifest, each checked to exist."""
+    try:
+        info = manifest.split(split)
+    except contract.ContractError as e:
+        raise TrainerError(f"{contract.join_path(data_dir, contract.MANIFEST_FILE)}: {e}") from None
+    if not info.shards or info.num_examples == 0:
+        raise TrainerError(f"{data_dir}: split {split!r} has no examples")
+    present = set(tf.io.gfile.listdir(data_dir))
+    paths = []
+    for shard in info.shards:
+        path = contract.join_path(data_dir, shard.file)
+        if shard.file not in present and not tf.io.gfile.exists(path):
+            raise TrainerError(f"{path}: listed in {contract.MANIFEST_FILE} but missing")
+        paths.append(path)
+    return SplitFiles(name=split, files=tuple(paths),
+                      counts=tuple(s.num_examples for s in info.shards),
+                      image_format=manifest.image_format,
+                      compression_type=manifest.tf_compression_type)
+
+
+def shards_files(num_files: int, num_pipelines: int) -> bool:
+    """Whether pipelines split the files between them (else: the records)."""
+    return num_files >= num_pipelines
+
+
+def pipeline_example_counts(counts: Sequence[int], num_pipelines: int) -> list[int]:
+    """How many examples each input pipeline reads, for either sharding mode."""
+    if shards_files(len(counts), num_pipelines):
+        return [sum(counts[i::num_pipelines]) for i in range(num_pipelines)]
+    total = sum(counts)
+    return [len(range(i, total, num_pipelines)) for i in range(num_pipelines)]
+
+
+def eval_steps(counts: Sequence[int], global_batch_size: int, num_replicas: int,
+               num_pipelines: int) -> int:
+    """Global eval steps that cover every example once, padding the rest.
+
+    Each step takes one per-replica batch for every replica; a pipeline
+    serves ``num_replicas // num_pipelines`` replicas, so the pipeline with
+    the most examples sets the count.
+    """
+    per_replica = global_batch_size // num_replicas
+    per_pipeline_step = per_replica * (num_replicas // num_pipelines)
+    return max(math.ceil(n / per_pipeline_step)
+               for n in pipeline_example_counts(counts, num_pipelines))
+
+
+def _parse_batch(serialized: tf.Tensor, image_format: str) -> dict[str, tf.Tensor]:
+    """Vectorized parse + decode + normalize of a batch of serialized Examples."""
+    feats = tf.io.parse_example(serialized, {
+        contract.IMAGE_KEY: tf.io.FixedLenFeature([], tf.string),
+        contract.LABEL_KEY: tf.io.FixedLenFeature([], tf.int64),
+        contract.INDEX_KEY: tf.io.FixedLenFeature([], tf.int64),
+    })
+    raw = feats[contract.IMAGE_KEY]
+    if image_format == "raw":
+        pixels = tf.io.decode_raw(raw, tf.uint8)
+    else:  # png: decoding is per image, there is no batched PNG kernel
+        pixels = tf.map_fn(
+            lambda s: tf.io.decode_png(s, channels=contract.IMAGE_CHANNELS),
+            raw, fn_output_signature=tf.TensorSpec(None, tf.uint8))
+    images = tf.reshape(pixels, (-1,) + contract.IMAGE_SHAPE)
+    labels = feats[contract.LABEL_KEY]
+    return {
+        contract.IMAGE_KEY: tf.cast(images, tf.float32) / 255.0,
+        contract.LABEL_KEY: labels,
+        contract.INDEX_KEY: feats[contract.INDEX_KEY],
+        WEIGHT_KEY: tf.ones_like(labels, tf.float32),
+    }
+
+
+def _pad_batch(batch: dict[str, tf.Tensor], size: int) -> dict[str, tf.Tensor]:
+    """Pads a (possibly partial) batch to ``size`` rows; padding has weight 0."""
+    pad = size - tf.shape(batch[contract.LABEL_KEY])[0]
+    out = {}
+    for key, value in batch.items():
+        fill = -1 if key == contract.INDEX_KEY else 0
+        paddings = [[0, pad]] + [[0, 0]] * (value.shape.rank - 1)
+        padded = tf.pad(value, paddings, constant_values=tf.cast(fill, value.dtype))
+        out[key] = tf.ensure_shape(padded, [size] + value.shape[1:].as_list())
+    return out
+
+
+def _to_keras(batch: dict[str, tf.Tensor], with_weights: bool):
+    x, y = batch[contract.IMAGE_KEY], batch[contract.LABEL_KEY]
+    return (x, y, batch[WEIGHT_KEY]) if with_weights else (x, y)
+
+
+class SplitInput:
+    """Builds one split's per-pipeline datasets; ``dataset_fn`` goes to the strategy.
+
+    ``keras=True`` yields ``(image, label)`` tuples for training and
+    ``(image, label, weight)`` for evaluation, the forms ``Model.fit`` and
+    ``Model.evaluate`` take; otherwise dicts with image, label, index, weight.
+    After the strategy has called ``dataset_fn``, ``steps`` holds the number
+    of eval steps (evaluation only) for the pipeline layout it saw.
+    """
+
+    def __init__(self, split: SplitFiles, global_batch_size: int, *, training: bool,
+                 cache: bool = False, shuffle_buffer: int = 10_000,
+                 seed: Optional[int] = None, keras: bool = False):
+        self.split = split
+        self.global_batch_size = global_batch_size
+        self.training = training
+        self.cache = cache
+        self.shuffle_buffer = shuffle_buffer
+        self.seed = seed
+        self.keras = keras
+        self.steps: Optional[int] = None
+
+    def dataset_fn(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+        num_pipelines = input_context.num_input_pipelines
+        pipeline_id = input_context.input_pipeline_id
+        replicas = input_context.num_replicas_in_sync
+        if self.global_batch_size % replicas:
+            raise TrainerError(
+                f"--global_batch_size={self.global_batch_size} does not divide "
+                f"into {replicas} replicas")
+        per_replica = input_context.get_per_replica_batch_size(self.global_batch_size)
+        files = self.split.files
+        by_file = shards_files(len(files), num_pipelines)
+        if not by_file:
+            log.warning(
+                "split %r: %d file(s) for %d input pipelines; sharding by record, "
+                "so every pipeline reads all files (write at least %d shards to "
+                "avoid this)", self.split.name, len(files), num_pipelines, num_pipelines)
+
+        ds = tf.data.Dataset.from_tensor_slices(list(files))
+        if by_file and num_pipelines > 1:
+            ds = ds.shard(num_pipelines, pipeline_id)
+        if self.training and by_file:
+            ds = ds.shuffle(len(files), seed=self.seed, reshuffle_each_iteration=True)
+        # Record-level sharding needs the same order in every pipeline.
+        deterministic = not (self.training and by_file)
+        ds = ds.interleave(
+            lambda f: tf.data.TFRecordDataset(
+                f, compression_type=self.split.compression_type),
+            cycle_length=min(len(files), MAX_PARALLEL_FILES), block_length=1,
+            num_parallel_calls=AUTOTUNE, deterministic=deterministic)
+        if not by_file and num_pipelines > 1:
+            ds = ds.shard(num_pipelines, pipeline_id)
+        if self.cache:
+            ds = ds.cache()  # serialized records: 4x smaller than float images
+        fmt = self.split.image_format
+        if self.training:
+            ds = ds.shuffle(self.shuffle_buffer, seed=self.seed,
+                            reshuffle_each_iteration=True)
+            ds = ds.repeat()
+            ds = ds.batch(per_replica, drop_remainder=True)
+            ds = ds.map(lambda s: _parse_batch(s, fmt), num_parallel_calls=AUTOTUNE,
+                        deterministic=False)
+            if self.keras:
+                ds = ds.map(lambda b: _to_keras(b, with_weights=False))
+        else:
+            steps = eval_steps(self.split.counts, self.global_batch_size, replicas,
+                               num_pipelines)
+            self.steps = steps
+            batches = steps * (replicas // num_pipelines)
+            ds = ds.batch(per_replica, drop_remainder=False)
+            ds = ds.map(lambda s: _pad_batch(_parse_batch(s, fmt), per_replica),
+                        num_parallel_calls=AUTOTUNE, deterministic=True)
+            padding = tf.data.Dataset.from_tensors(
+                _pad_batch(_parse_batch(tf.zeros([0], tf.string), fmt), per_replica))
+            ds = ds.concatenate(padding.repeat()).take(batches)
+            if self.keras:
+                ds = ds.map(lambda b: _to_keras(b, with_weights=True))
+        return ds.prefetch(AUTOTUNE)
+
+    def distribute(self, strategy: tf.distribute.Strategy):
+        """``strategy.distribute_datasets_from_function(self.dataset_fn)``."""
+        return strategy.distribute_datasets_from_function(self.dataset_fn)
+
+
+def find_corrupt_file(split: SplitFiles) -> Optional[tuple[str, str]]:
+    """Reads each file alone; returns ``(path, error)`` for the first unreadable one.
+
+    Used after a ``DataLossError``, whose message says "corrupted record at
+    <offset>" but not in which file.
+    """
+    for path in split.files:
+        try:
+            ds = tf.data.TFRecordDataset(path, compression_type=split.compression_type)
+            for _ in ds.batch(4096):
+                pass
+        except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
+            return path, _first_line(e)
+    return None

@@ -1,0 +1,151 @@
+"""Choosing a tf.distribute strategy: TPU, GPUs, several workers, or CPU replicas.
+
+The TPU branch follows the TF "Use TPUs" guide: resolve the TPU
+(``'local'`` on a TPU VM, its name from elsewhere), connect to it, initialize
+the TPU system, and wrap it in `TPUStrategy`. Off a TPU, TensorFlow answers
+with one of several exceptions (a missing kernel, a failed name lookup, a
+``ValueError``) buried in internals; we turn each into one `TrainerError`
+line.
+
+``cpu_replicas=N`` splits the one physical CPU into N logical devices and
+mirrors over them, so the multi-replica code paths (per-replica batches,
+cross-replica reductions, input pipelines per replica) run on a laptop and in
+tests. TensorFlow fixes its device list the first time it touches the
+runtime; after that the split cannot be changed, so a process that needs
+replicas must ask for them before doing anything else with TensorFlow (tests
+run such cases in a fresh subprocess).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Optional
+
+import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
+import tensorflow as tf
+
+from trainer.config import TrainerError
+
+log = logging.getLogger(__name__)
+
+# Device files present on Cloud TPU VMs (v2/v3 expose /dev/accel*, v4 and
+# later go through VFIO). Used only as a hint by strategy=auto.
+_TPU_DEVICE_HINTS = ("/dev/accel0", "/dev/vfio/0")
+
+
+def split_cpu(num_replicas: int) -> list[str]:
+    """Makes the CPU appear as ``num_replicas`` logical devices; returns their names.
+
+    Idempotent: asking again for the split already in place is fine.
+    """
+    cpus = tf.config.list_physical_devices("CPU")
+    current = tf.config.get_logical_device_configuration(cpus[0])
+    if current is None or len(current) != num_replicas:
+        try:
+            tf.config.set_logical_device_configuration(
+                cpus[0],
+                [tf.config.LogicalDeviceConfiguration()] * num_replicas)
+        except RuntimeError:
+            have = len(tf.config.list_logical_devices("CPU"))
+            if have != num_replicas:
+                raise TrainerError(
+                    f"cannot split the CPU into {num_replicas} replicas: "
+                    f"TensorFlow already initialized {have} CPU device(s) in this "
+                    "process; ask for replicas before any other TensorFlow work"
+                ) from None
+    return [d.name for d in tf.config.list_logical_devices("CPU")]
+
+
+def tpu_strategy(tpu: Optional[str]) -> tf.distribute.TPUStrategy:
+    """Connects to a TPU (``'local'`` on a TPU VM) and returns a TPUStrategy."""
+    name = tpu or os.environ.get("TPU_NAME") or "local"
+    try:
+        resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=name)
+        tf.config.experimental_connect_to_cluster(resolver)
+        tf.tpu.experimental.initialize_tpu_system(resolver)
+        strategy = tf.distribute.TPUStrategy(resolver)
+    except (ValueError, RuntimeError, OSError, tf.errors.OpError) as e:
+        # OSError covers urllib's URLError when a TPU name cannot be resolved.
+        first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise TrainerError(
+            f"--tpu={name}: no TPU found ({type(e).__name__}: {first_line[:200]}); "
+            "on a Cloud TPU VM use --tpu=local, elsewhere the TPU's name, "
+            "or --strategy=auto to run without one") from None
+    log.info("TPU %s: %d cores", name, strategy.num_replicas_in_sync)
+    return strategy
+
+
+def _tpu_hinted(tpu: Optional[str]) -> bool:
+    return bool(tpu or os.environ.get("TPU_NAME")
+                or any(os.path.exists(p) for p in _TPU_DEVICE_HINTS))
+
+
+def make_strategy(kind: str = "auto", tpu: Optional[str] = None,
+                  cpu_replicas: int = 0) -> tf.distribute.Strategy:
+    """Returns the strategy for ``kind`` (see `trainer.config.STRATEGIES`).
+
+    ``auto``: a TPU when there are signs of one (``--tpu``, ``TPU_NAME``, TPU
+    device files), else all GPUs (Mirrored), else several workers when
+    ``TF_CONFIG`` is set, else the default (single-device) strategy.
+    ``cpu_replicas > 0`` (with auto or mirrored) mirrors over that many
+    logical CPU devices instead.
+    """
+    if cpu_replicas:
+        if kind not in ("auto", "mirrored"):
+            raise TrainerError(f"--cpu_replicas works with auto or mirrored, not {kind}")
+        devices = split_cpu(cpu_replicas)
+        log.info("MirroredStrategy over %d logical CPU devices", len(devices))
+        return tf.distribute.MirroredStrategy(devices=devices)
+    if kind == "tpu":
+        return tpu_strategy(tpu)
+    if kind == "mirrored":
+        return tf.distribute.MirroredStrategy()
+    if kind == "multi_worker":
+        if not os.environ.get("TF_CONFIG"):
+            raise TrainerError("--strategy=multi_worker needs TF_CONFIG "
+                               "(cluster spec and this task) in the environment")
+        try:
+            json.loads(os.environ["TF_CONFIG"])
+        except json.JSONDecodeError as e:
+            raise TrainerError(f"TF_CONFIG is not valid JSON ({e})") from None
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    if kind == "default":
+        return tf.distribute.get_strategy()
+    if kind != "auto":
+        raise TrainerError(f"unknown strategy {kind!r}")
+
+    if _tpu_hinted(tpu):
+        try:
+            return tpu_strategy(tpu)
+        except TrainerError as e:
+            if tpu:  # asked for by name: do not silently fall back
+                raise
+            log.warning("strategy=auto: %s; trying GPUs/CPU", e)
+    if tf.config.list_physical_devices("GPU"):
+        return tf.distribute.MirroredStrategy()
+    if os.environ.get("TF_CONFIG"):
+        return make_strategy("multi_worker")
+    return tf.distribute.get_strategy()
+
+
+def is_chief(strategy: tf.distribute.Strategy) -> bool:
+    """Whether this task writes checkpoints and summaries (multi-worker aware).
+
+    Single-worker strategies always are. Under multi-worker training the
+    chief is task ``chief`` or, without one, ``worker`` 0.
+    """
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not getattr(strategy.extended, "_in_multi_worker_mode",
+                                       lambda: False)():
+        return True
+    task_type, task_id = resolver.task_type, resolver.task_id
+    if task_type is None or task_type == "chief":
+        return True
+    has_chief = "chief" in resolver.cluster_spec().as_dict()
+    return task_type == "worker" and task_id == 0 and not has_chief
+
+
+def describe(strategy: tf.distribute.Strategy) -> str:
+    return f"{type(strategy).__name__} with {strategy.num_replicas_in_sync} replica(s)"

@@ -1,0 +1,121 @@
+"""The one entry point: `train_and_evaluate(config)` → final metrics.
+
+It reads the pipeline's manifest, checks the shards, picks the strategy,
+builds the per-split inputs and hands over to the Keras or the custom loop.
+Both loops return the same dict (see `train_and_evaluate`) and write the
+same layout under ``model_dir`` (see `trainer.outputs`).
+
+Expected failures surface as `TrainerError` with one line naming the file or
+setting: among them a corrupt record, which TensorFlow reports as
+``DataLossError: corrupted record at <offset>`` with no file name; the file
+is then found by reading the shards one at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
+import tensorflow as tf
+
+from trainer import custom_loop, data, keras_loop, model as model_lib, outputs
+from trainer import strategy as strategy_lib
+from trainer.config import TrainConfig, TrainerError
+
+log = logging.getLogger(__name__)
+
+
+def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict:
+    """Trains per ``config`` and evaluates on the whole test split.
+
+    Returns (and writes to ``model_dir/metrics.json``)::
+
+        loop, strategy, replicas, global_batch_size, epochs, steps_per_epoch,
+        train_steps        optimizer steps taken in total (including before a resume)
+        resumed_from_step  the step this run started from (0 for a fresh start)
+        train_examples     train_steps * global_batch_size
+        test_loss          mean cross-entropy over every test example
+        test_accuracy      accuracy over every test example
+        test_examples      test examples evaluated (== the split's size)
+        history            per epoch: train_loss, train_accuracy, test_loss, test_accuracy
+
+    ``callbacks`` are extra Keras callbacks (Keras loop only).
+    """
+    manifest = data.load_manifest(config.data)
+    train_files = data.split_files(config.data, manifest, "train")
+    test_files = data.split_files(config.data, manifest, "test")
+
+    strategy = strategy_lib.make_strategy(config.strategy, config.tpu, config.cpu_replicas)
+    replicas = strategy.num_replicas_in_sync
+    if config.global_batch_size % replicas:
+        raise TrainerError(f"--global_batch_size={config.global_batch_size} does not "
+                           f"divide into {replicas} replicas")
+    steps_per_epoch = config.steps_per_epoch or (
+        train_files.num_examples // config.global_batch_size)
+    if steps_per_epoch < 1:
+        raise TrainerError(
+            f"{config.data}: the train split has {train_files.num_examples} examples, "
+            f"fewer than one global batch of {config.global_batch_size}")
+    log.info("%s; %d train / %d test examples; %d steps per epoch",
+             strategy_lib.describe(strategy), train_files.num_examples,
+             test_files.num_examples, steps_per_epoch)
+    if config.loop == "custom" and callbacks:
+        raise TrainerError("Keras callbacks need --loop=keras")
+
+    model_lib.set_precision(config.mixed_precision)
+    tf.io.gfile.makedirs(config.model_dir)
+    keras = config.loop == "keras"
+    common = dict(cache=config.cache, seed=config.seed, keras=keras,
+                  shuffle_buffer=config.shuffle_buffer)
+    train_in = data.SplitInput(train_files, config.global_batch_size, training=True, **common)
+    test_in = data.SplitInput(test_files, config.global_batch_size, training=False, **common)
+    try:
+        if keras:
+            metrics = keras_loop.run(
+                strategy=strategy, model_name=config.model,
+                learning_rate=config.learning_rate, train=train_in, test=test_in,
+                model_dir=config.model_dir, epochs=config.epochs,
+                steps_per_epoch=steps_per_epoch,
+                steps_per_execution=config.steps_per_execution,
+                jit_compile=config.jit_compile, verbose=config.verbose,
+                callbacks=callbacks)
+        else:
+            metrics = custom_loop.run(
+                strategy=strategy, model_name=config.model,
+                learning_rate=config.learning_rate, train=train_in, test=test_in,
+                model_dir=config.model_dir,
+                options=custom_loop.LoopOptions(
+                    epochs=config.epochs, steps_per_epoch=steps_per_epoch,
+                    global_batch_size=config.global_batch_size,
+                    steps_per_execution=config.steps_per_execution,
+                    log_every=config.log_every, jit_compile=config.jit_compile,
+                    keep_checkpoints=config.keep_checkpoints))
+    except tf.errors.DataLossError as e:
+        raise _corrupt_data_error(e, (train_files, test_files)) from None
+    finally:
+        model_lib.set_precision("none")
+
+    metrics = {
+        "loop": config.loop,
+        "strategy": type(strategy).__name__,
+        "replicas": replicas,
+        "global_batch_size": config.global_batch_size,
+        "epochs": config.epochs,
+        "steps_per_epoch": steps_per_epoch,
+        "train_examples": metrics["train_steps"] * config.global_batch_size,
+        **metrics,
+    }
+    outputs.write_metrics(config.model_dir, metrics, strategy)
+    return metrics
+
+
+def _corrupt_data_error(error: tf.errors.DataLossError,
+                        splits: Sequence[data.SplitFiles]) -> TrainerError:
+    for split in splits:
+        found = data.find_corrupt_file(split)
+        if found:
+            path, message = found
+            return TrainerError(f"{path}: corrupt TFRecord data ({message})")
+    first = (error.message.strip().splitlines() or ["data loss"])[0]
+    return TrainerError(f"data loss while reading the shards: {first}")
