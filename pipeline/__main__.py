@@ -1,22 +1,43 @@
 """``python -m pipeline --output=... [--source=...] [Beam options]``."""
 
 import logging
+import os
+import re
 import sys
 
-from pipeline.errors import PipelineInputError
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from pipeline.errors import PipelineInputError  # noqa: E402
+
+
+class _DropInputErrorTracebacks(logging.Filter):
+    """Beam logs a worker's exception with its traceback before re-raising it.
+
+    For a PipelineInputError the user gets the one-line message instead.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(exc, PipelineInputError)
+                    or "PipelineInputError" in record.getMessage())
 
 
 def main(argv=None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_DropInputErrorTracebacks())
     logging.getLogger("apache_beam").setLevel(logging.WARNING)
     from pipeline import job
     try:
         manifest = job.run(sys.argv[1:] if argv is None else argv)
     except PipelineInputError as e:
-        print(f"error: {e}", file=sys.stderr)
+        message = re.sub(r" \[while running '[^']*'\]$", "", str(e))
+        print(f"error: {message}", file=sys.stderr)
         return 2
     for name, split in sorted(manifest.splits.items()):
-        print(f"{name}: {split.num_examples} examples in {len(split.shards)} shard(s)")
+        print(f"{name}: {split.num_examples} examples in {len(split.shards)} "
+              f"shard(s) of ~{split.num_bytes // len(split.shards):,} bytes")
     return 0
 
 

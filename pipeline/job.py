@@ -51,6 +51,9 @@ class ReadAndEncodeFn(beam.DoFn):
         self._salt = salt
         self._bucket_bits = bucket_bits
 
+    def setup(self):
+        storage.use_anonymous_gcs_for_emulator()
+
     def process(self, split_and_task):
         split, task = split_and_task
         bits = self._bucket_bits[split]
@@ -103,6 +106,9 @@ class WriteShardFn(beam.DoFn):
         self._temp_dir = temp_dir
         self._compression = compression
 
+    def setup(self):
+        storage.use_anonymous_gcs_for_emulator()
+
     def process(self, element, plans):
         (split, shard), keyed_examples = element
         ordered = sorted(keyed_examples, key=lambda kv: kv[0])
@@ -121,6 +127,7 @@ class WriteShardFn(beam.DoFn):
 
 
 def _write_shard_list(infos: list[dict], path: str) -> None:
+    storage.use_anonymous_gcs_for_emulator()
     storage.write_bytes(path, json.dumps(sorted(infos, key=lambda i: i["file"]),
                                          indent=1).encode())
 
@@ -195,6 +202,7 @@ def _report_counters(result, splits: Sequence[str]) -> dict[str, int]:
 
 def run(argv: Sequence[str]) -> contract.Manifest:
     """Runs the whole job and returns the manifest of what it wrote."""
+    storage.use_anonymous_gcs_for_emulator()
     options = PipelineOptions(list(argv))
     conv = options.view_as(ConvertOptions)
     standard = options.view_as(StandardOptions)

