@@ -1,0 +1,75 @@
+"""`python -m pipeline.verify` passes a good dataset and names the file of each fault."""
+
+import json
+
+import pytest
+
+from pipeline import job
+from pipeline.verify import main
+
+
+@pytest.fixture
+def dataset(tmp_path, idx_dir):
+    out = tmp_path / "out"
+    job.run([f"--source={idx_dir}", f"--output={out}", "--runner=DirectRunner",
+             "--min_shards=3"])
+    return out
+
+
+def test_good_dataset_passes(dataset, capsys):
+    assert main([str(dataset)]) == 0
+    assert "train: 360 examples in 3 shard(s) verified" in capsys.readouterr().out
+
+
+def _flip_byte(path, offset):
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _edit_manifest(dataset, edit):
+    path = dataset / "manifest.json"
+    raw = json.loads(path.read_text())
+    edit(raw)
+    path.write_text(json.dumps(raw))
+
+
+SHARD = "mnist-train.tfrecord-00001-of-00003"
+
+
+@pytest.mark.parametrize("fault, expected", [
+    ("corrupt byte", f"{SHARD}: sha256 does not match"),
+    ("truncate", "bytes, manifest says"),
+    ("delete", f"{SHARD}: listed in the manifest but missing"),
+    ("manifest count", "split 'train' says 361 examples"),
+    ("manifest checksum", f"{SHARD}: sha256 does not match"),
+    ("corrupt byte, manifest re-hashed", f"{SHARD}: bad data CRC"),
+    ("extra shard", "mnist-train.tfrecord-00003-of-00004: shard file not listed"),
+    ("missing manifest", "manifest.json: missing"),
+])
+def test_faults_are_named(dataset, capsys, fault, expected):
+    shard = dataset / SHARD
+    if fault == "corrupt byte":
+        _flip_byte(shard, 500)
+    elif fault == "truncate":
+        shard.write_bytes(shard.read_bytes()[:-10])
+    elif fault == "delete":
+        shard.unlink()
+    elif fault == "manifest count":
+        _edit_manifest(dataset, lambda m: m["splits"]["train"].update(num_examples=361))
+    elif fault == "manifest checksum":
+        _edit_manifest(dataset, lambda m: m["splits"]["train"]["shards"][1].update(
+            sha256="0" * 64))
+    elif fault == "corrupt byte, manifest re-hashed":
+        import hashlib
+        _flip_byte(shard, 500)
+        digest = hashlib.sha256(shard.read_bytes()).hexdigest()
+        _edit_manifest(dataset, lambda m: m["splits"]["train"]["shards"][1].update(
+            sha256=digest))
+    elif fault == "extra shard":
+        (dataset / "mnist-train.tfrecord-00003-of-00004").write_bytes(b"")
+    elif fault == "missing manifest":
+        (dataset / "manifest.json").unlink()
+    assert main([str(dataset)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expected in err[0], err
