@@ -1,0 +1,185 @@
+"""Helpers shared by the cloud launchers in this folder.
+
+Both launchers ship this project to machines that do not have its source: the
+Dataflow launcher stages a wheel for Beam workers, the TPU VM launcher copies
+one to every TPU host. The project is configured only by ``pyproject.toml``
+(no ``setup.py``), so the wheel is built with ``pip wheel``, which runs the
+PEP 517 backend named there. The build runs on a clean copy of the sources
+because setuptools reuses an in-tree ``build/`` folder, and files left there
+by an older build (a module since deleted, for example) would end up in the
+wheel.
+
+Every launcher turns its settings into a list of argv lists first, so tests
+can check the exact commands without running anything, and ``--dry_run``
+prints them with ``shlex.join``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PYPROJECT = REPO_ROOT / "pyproject.toml"
+
+Command = list[str]
+
+
+class ConfigError(ValueError):
+    """A required setting is missing or invalid; the message is one line."""
+
+
+def load_pyproject(path: Path = PYPROJECT) -> dict:
+    """Parse ``pyproject.toml`` (tomllib on 3.11+, tomli on 3.10)."""
+    try:
+        import tomllib  # type: ignore[import-not-found]
+    except ModuleNotFoundError:  # Python 3.10
+        try:
+            import tomli as tomllib  # type: ignore[no-redef]
+        except ModuleNotFoundError as exc:
+            raise ConfigError(
+                "reading pyproject.toml on Python 3.10 needs the 'tomli' "
+                "package (pip install tomli)") from exc
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{path}: not found") from exc
+
+
+def project_name_version(pyproject: Mapping) -> tuple[str, str]:
+    project = pyproject.get("project", {})
+    try:
+        return project["name"], project["version"]
+    except KeyError as exc:
+        raise ConfigError(
+            f"pyproject.toml: [project] has no {exc.args[0]!r}") from exc
+
+
+def project_packages(pyproject: Mapping) -> list[str]:
+    """The import packages the wheel carries ([tool.setuptools] packages)."""
+    packages = (pyproject.get("tool", {}).get("setuptools", {})
+                .get("packages"))
+    if not packages or not isinstance(packages, list):
+        raise ConfigError(
+            "pyproject.toml: [tool.setuptools] packages is not a list")
+    return list(packages)
+
+
+def extra_requirements(pyproject: Mapping, extra: str) -> list[str]:
+    extras = pyproject.get("project", {}).get("optional-dependencies", {})
+    if extra not in extras:
+        raise ConfigError(
+            f"pyproject.toml: no optional dependency group {extra!r}")
+    return list(extras[extra])
+
+
+def requirement_name(requirement: str) -> str:
+    """Normalized distribution name of a PEP 508 requirement string."""
+    match = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", requirement)
+    if not match:
+        raise ConfigError(f"cannot read requirement {requirement!r}")
+    return re.sub(r"[-_.]+", "-", match.group(1)).lower()
+
+
+def wheel_filename(name: str, version: str) -> str:
+    """File name ``pip wheel`` gives a pure-Python wheel of this project."""
+    return f"{re.sub(r'[-_.]+', '_', name).lower()}-{version}-py3-none-any.whl"
+
+
+def wheel_build_command(python: str, source_dir: Path | str,
+                        wheel_dir: Path | str,
+                        build_isolation: bool = True) -> Command:
+    """``pip wheel`` for this project alone (dependencies install later).
+
+    With build isolation (the default) pip fetches the build backend that
+    pyproject.toml requires (setuptools>=68); ``build_isolation=False`` uses
+    the setuptools already installed, for machines without an index.
+    """
+    cmd = [python, "-m", "pip", "wheel", "--no-deps"]
+    if not build_isolation:
+        cmd.append("--no-build-isolation")
+    cmd += ["--wheel-dir", str(wheel_dir), str(source_dir)]
+    return cmd
+
+
+def stage_sources(dest: Path, pyproject: Mapping,
+                  repo_root: Path = REPO_ROOT) -> Path:
+    """Copy what the wheel is built from into an empty ``dest``."""
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    shutil.copy2(repo_root / "pyproject.toml", dest / "pyproject.toml")
+    readme = pyproject.get("project", {}).get("readme")
+    if isinstance(readme, str) and (repo_root / readme).is_file():
+        shutil.copy2(repo_root / readme, dest / readme)
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.pyo")
+    for package in project_packages(pyproject):
+        top = package.split(".")[0]
+        if not (repo_root / top).is_dir():
+            raise ConfigError(f"package folder {repo_root / top} is missing")
+        if not (dest / top).exists():
+            shutil.copytree(repo_root / top, dest / top, ignore=ignore)
+    return dest
+
+
+def build_wheel(python: str, dist_dir: Path, build_isolation: bool,
+                pyproject: Mapping, repo_root: Path = REPO_ROOT) -> Path:
+    """Build the project wheel into ``dist_dir`` and return its path."""
+    name, version = project_name_version(pyproject)
+    wheel = dist_dir / wheel_filename(name, version)
+    if wheel.exists():
+        wheel.unlink()
+    source = stage_sources(dist_dir / "src", pyproject, repo_root)
+    rc = run_command(wheel_build_command(python, source, dist_dir,
+                                         build_isolation))
+    if rc != 0:
+        raise ConfigError(f"building the project wheel failed (exit {rc})")
+    if not wheel.is_file():
+        raise ConfigError(f"the wheel build did not produce {wheel}")
+    return wheel
+
+
+def first_setting(*values: str | None) -> str | None:
+    """The first non-empty value: a flag first, then environment variables."""
+    for value in values:
+        if value:
+            return value
+    return None
+
+
+def env(*names: str, environ: Mapping[str, str] | None = None) -> str | None:
+    environ = os.environ if environ is None else environ
+    return first_setting(*(environ.get(n) for n in names))
+
+
+def require_gs(value: str | None, what: str) -> str:
+    if not value:
+        raise ConfigError(f"{what} is required")
+    if not value.startswith("gs://") or len(value) <= len("gs://"):
+        raise ConfigError(f"{what} must be a gs:// URI, got {value!r}")
+    return value.rstrip("/")
+
+
+def format_commands(commands: Iterable[Sequence[str]]) -> str:
+    return "\n".join(shlex.join(list(cmd)) for cmd in commands)
+
+
+def run_command(cmd: Sequence[str], cwd: Path | None = None) -> int:
+    print("+ " + shlex.join(list(cmd)), file=sys.stderr, flush=True)
+    try:
+        return subprocess.run(list(cmd), cwd=cwd, check=False).returncode
+    except FileNotFoundError:
+        print(f"error: {cmd[0]}: command not found", file=sys.stderr)
+        return 127
+
+
+def fail(message: str, code: int = 2) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return code

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Run the test suite from the repository root; arguments go to pytest
+# (e.g. scripts/run_tests.sh tests/test_launchers.py -k dataflow).
+#
+# The tests start what they need themselves (the GCS emulator, subprocesses).
+# Here only the environment is pinned down so runs are quiet and do not
+# depend on the machine: TensorFlow's C++ info and warning logs are dropped,
+# and GPUs are hidden unless CUDA_VISIBLE_DEVICES is already set (the tests
+# split the CPU into logical devices for their multi-replica cases).
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+PYTHON="${PYTHON:-python}"
+export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
+export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES-}"
+export PYTHONDONTWRITEBYTECODE=1
+
+exec "$PYTHON" -m pytest -q "$@"
