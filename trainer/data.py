@@ -233,7 +233,7 @@ class SplitInput:
             num_parallel_calls=AUTOTUNE, deterministic=deterministic)
         if not by_file and num_pipelines > 1:
             ds = ds.shard(num_pipelines, pipeline_id)
-        if self.cache:
+        if self.cache and self.training:
             ds = ds.cache()  # serialized records: 4x smaller than float images
         fmt = self.split.image_format
         if self.training:
@@ -241,8 +241,12 @@ class SplitInput:
                             reshuffle_each_iteration=True)
             ds = ds.repeat()
             ds = ds.batch(per_replica, drop_remainder=True)
+            # Deterministic, so batches keep their order and every epoch's
+            # examples come before the next epoch's (the shuffle + repeat
+            # above guarantee that); the file interleave already absorbs
+            # slow reads.
             ds = ds.map(lambda s: _parse_batch(s, fmt), num_parallel_calls=AUTOTUNE,
-                        deterministic=False)
+                        deterministic=True)
             if self.keras:
                 ds = ds.map(lambda b: _to_keras(b, with_weights=False))
         else:
@@ -258,6 +262,12 @@ class SplitInput:
             ds = ds.concatenate(padding.repeat()).take(batches)
             if self.keras:
                 ds = ds.map(lambda b: _to_keras(b, with_weights=True))
+            if self.cache:
+                ds = ds.cache()
+            # Endless, in whole passes: each `steps` global steps are one full
+            # pass, so a loop that keeps one iterator (Keras validation does)
+            # stays aligned.
+            ds = ds.repeat()
         return ds.prefetch(AUTOTUNE)
 
     def distribute(self, strategy: tf.distribute.Strategy):

@@ -51,6 +51,11 @@ def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict
     if config.global_batch_size % replicas:
         raise TrainerError(f"--global_batch_size={config.global_batch_size} does not "
                            f"divide into {replicas} replicas")
+    if config.jit_compile and config.cpu_replicas > 1:
+        # XLA compiles for one CPU device; logical CPU replicas' variables sit
+        # on the others ("Trying to access resource ... located in device CPU:1").
+        raise TrainerError("--jit_compile does not work with --cpu_replicas > 1 "
+                           "(XLA sees one CPU device); use one of them")
     steps_per_epoch = config.steps_per_epoch or (
         train_files.num_examples // config.global_batch_size)
     if steps_per_epoch < 1:

@@ -1,0 +1,182 @@
+"""Both loops under MirroredStrategy with 2 CPU replicas, in one fresh process.
+
+The CPU can only be split into logical devices before TensorFlow initializes
+its runtime, which the test process has long done; so a subprocess runs all
+two-replica scenarios (sharing one TensorFlow start-up) and reports JSON.
+Scenarios write their data and model_dir on ``ram://`` or on disk.
+
+What is checked: training with steps_per_execution > 1 (Keras and custom)
+and single-step (custom) learns (loss falls, accuracy rises); evaluation
+covers all 37 test examples of a split that 8 does not divide, and its
+metrics equal those computed directly from the exported model on the raw
+arrays; both loops resume at the saved step; outputs land in model_dir.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = textwrap.dedent(r'''
+    import json, sys
+    import trainer
+    from trainer import strategy as strategy_lib
+    strategy_lib.split_cpu(2)  # before anything else touches TensorFlow
+
+    import numpy as np
+    import tensorflow as tf
+    import tf_keras as keras
+    from pipeline.contract import join_path
+    from tests import trainer_data
+    from trainer import outputs
+    from trainer.config import TrainConfig
+    from trainer.train import train_and_evaluate
+
+    tmp = sys.argv[1]
+    NUM_TEST = 37
+    for root in ("ram://dist-data", tmp + "/data"):
+        trainer_data.write_dataset(root, num_train=512, num_test=NUM_TEST,
+                                   train_shards=4, test_shards=2)
+    test_images, test_labels = trainer_data.test_arrays(NUM_TEST)
+
+    def files_under(path):
+        return sorted(f"{d[len(path):]}/{f}".lstrip("/")
+                      for d, _, fs in tf.io.gfile.walk(path) for f in fs)
+
+    def direct_metrics(model_dir):
+        """Metrics of the exported model on the raw test arrays, no padding involved."""
+        model = keras.models.load_model(join_path(model_dir, outputs.EXPORT),
+                                        compile=False)
+        logits = model.predict(test_images.astype(np.float32) / 255.0, verbose=0)
+        xent = keras.losses.sparse_categorical_crossentropy(
+            test_labels, logits, from_logits=True).numpy()
+        return {"loss": float(xent.mean()),
+                "accuracy": float((logits.argmax(-1) == test_labels).mean())}
+
+    def run(name, data, model_dir, **kw):
+        cfg = dict(data=data, model_dir=model_dir, global_batch_size=8, epochs=3,
+                   steps_per_epoch=16, cpu_replicas=2, verbose=2, log_every=8, seed=1)
+        cfg.update(kw)
+        callbacks = cfg.pop("callbacks", ())
+        metrics = train_and_evaluate(TrainConfig(**cfg), callbacks=callbacks)
+        return metrics
+
+    results = {}
+
+    def scenario(name, data, model_dir, **kw):
+        m = run(name, data, model_dir, **kw)
+        m["direct"] = direct_metrics(model_dir)
+        m["files"] = files_under(model_dir)
+        m["metrics_json"] = outputs.read_metrics(model_dir)
+        results[name] = m
+
+    scenario("keras", "ram://dist-data", "ram://dist-keras", loop="keras",
+             steps_per_execution=5)
+    scenario("custom_multi", tmp + "/data", tmp + "/custom_multi", loop="custom",
+             steps_per_execution=5)
+    scenario("custom_single", "ram://dist-data", tmp + "/custom_single", loop="custom",
+             steps_per_execution=1)
+
+    # Resume, custom loop: one epoch, then the same model_dir asked for three.
+    first = run("r", tmp + "/data", tmp + "/resume_custom", loop="custom",
+                steps_per_execution=4, epochs=1)
+    second = run("r", tmp + "/data", tmp + "/resume_custom", loop="custom",
+                 steps_per_execution=4, epochs=3)
+    results["resume_custom"] = {"first": first, "second": second}
+
+    # Resume, Keras: crash after the first epoch, then run again.
+    class Crash(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            raise RuntimeError("simulated crash")
+    crashed = None
+    try:
+        run("k", tmp + "/data", tmp + "/resume_keras", loop="keras",
+            steps_per_execution=4, callbacks=[Crash()])
+    except RuntimeError as e:
+        crashed = str(e)
+    second = run("k", tmp + "/data", tmp + "/resume_keras", loop="keras",
+                 steps_per_execution=4)
+    results["resume_keras"] = {"crashed": crashed, "second": second}
+    print("RESULTS " + json.dumps(results))
+''')
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("distributed")
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp)], cwd=REPO,
+                          capture_output=True, text=True, timeout=400)
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULTS ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
+    out = json.loads(lines[-1][len("RESULTS "):])
+    out["stdout"] = proc.stdout
+    return out
+
+
+@pytest.mark.parametrize("name", ["keras", "custom_multi", "custom_single"])
+def test_two_replicas_learn(results, name):
+    m = results[name]
+    assert m["strategy"] == "MirroredStrategy" and m["replicas"] == 2
+    assert m["train_steps"] == 3 * 16 and m["train_examples"] == 3 * 16 * 8
+    h = m["history"]
+    assert len(h["train_loss"]) == 3
+    assert h["train_loss"][-1] < 0.5 * h["train_loss"][0]
+    assert h["train_accuracy"][-1] > h["train_accuracy"][0] + 0.2
+    assert h["test_loss"][-1] < h["test_loss"][0]
+    assert m["test_accuracy"] > 0.8  # chance is 0.1
+
+
+@pytest.mark.parametrize("name", ["keras", "custom_multi", "custom_single"])
+def test_eval_is_exact_on_non_divisible_split(results, name):
+    m = results[name]
+    assert m["test_examples"] == 37
+    # Padded, masked, two-replica evaluation == plain evaluation of the export.
+    assert m["test_loss"] == pytest.approx(m["direct"]["loss"], rel=1e-4, abs=1e-6)
+    assert m["test_accuracy"] == pytest.approx(m["direct"]["accuracy"], abs=1e-6)
+    assert m["history"]["test_loss"][-1] == pytest.approx(m["test_loss"], rel=1e-4)
+
+
+@pytest.mark.parametrize("name", ["keras", "custom_multi", "custom_single"])
+def test_outputs_in_model_dir(results, name):
+    m = results[name]
+    files = m["files"]
+    assert "metrics.json" in files
+    assert m["metrics_json"]["test_examples"] == 37
+    assert "export/saved_model.pb" in files
+    assert any(f.startswith("logs/train/") and "tfevents" in f for f in files)
+    assert any(f.startswith("logs/validation/") and "tfevents" in f for f in files)
+    assert any(f.startswith("checkpoints/") and f.endswith(".index") for f in files)
+    assert not any(f.startswith("backup/") for f in files)  # removed after success
+
+
+def test_custom_loop_progress_lines(results):
+    out = results["stdout"]
+    assert "step 8/48 epoch 1/3 loss " in out and " examples/s" in out
+    assert "epoch 3/3 test_loss " in out and "(37 examples)" in out
+
+
+def test_custom_loop_resumes_at_saved_step(results):
+    first, second = results["resume_custom"]["first"], results["resume_custom"]["second"]
+    assert first["train_steps"] == 16 and first["resumed_from_step"] == 0
+    assert second["resumed_from_step"] == 16
+    assert second["train_steps"] == 48  # not 16 + 48: it continued
+    assert len(second["history"]["train_loss"]) == 2  # epochs 2 and 3 only
+    assert second["history"]["train_loss"][0] < first["history"]["train_loss"][0]
+    assert "resuming at step 16/48" in results["stdout"]
+
+
+def test_keras_loop_resumes_after_crash(results):
+    r = results["resume_keras"]
+    assert r["crashed"] == "simulated crash"
+    second = r["second"]
+    assert second["resumed_from_step"] == 16  # BackupAndRestore: after epoch 1
+    assert second["train_steps"] == 48
+    assert len(second["history"]["train_loss"]) == 2

@@ -1,0 +1,206 @@
+"""The input pipeline: coverage per epoch, sharding across pipelines, exact eval.
+
+Runs in the test process on TF's ``ram://`` filesystem (the same code path as
+``gs://``: everything goes through tf.io.gfile), one real directory for good
+measure. ``InputContext`` objects are built by hand to play the role of
+several hosts.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests import trainer_data
+from pipeline import contract
+from trainer import data
+from trainer.config import TrainerError
+
+
+def ram_dir() -> str:
+    return f"ram://trainer-input-{uuid.uuid4().hex}"
+
+
+def context(pipelines: int, pipeline_id: int, replicas: int) -> tf.distribute.InputContext:
+    return tf.distribute.InputContext(num_input_pipelines=pipelines,
+                                      input_pipeline_id=pipeline_id,
+                                      num_replicas_in_sync=replicas)
+
+
+def batches(ds: tf.data.Dataset, n: int) -> list[dict]:
+    return [{k: v.numpy() for k, v in b.items()} for b in ds.take(n)]
+
+
+def indices(bs: list[dict], weighted: bool = False) -> list[int]:
+    out = []
+    for b in bs:
+        keep = b[data.WEIGHT_KEY] > 0 if weighted else slice(None)
+        out.extend(b[contract.INDEX_KEY][keep].tolist())
+    return out
+
+
+def split(out_dir: str, name: str = "train", **kwargs) -> data.SplitFiles:
+    trainer_data.write_dataset(out_dir, **kwargs)
+    return data.split_files(out_dir, data.load_manifest(out_dir), name)
+
+
+def test_one_pipeline_sees_every_example_once_per_epoch():
+    files = split(ram_dir(), num_train=64, train_shards=4)
+    ds = data.SplitInput(files, 8, training=True, shuffle_buffer=64).dataset_fn(
+        context(1, 0, 1))
+    bs = batches(ds, 16)  # two epochs of 8 batches
+    first, second = indices(bs[:8]), indices(bs[8:])
+    assert sorted(first) == list(range(64))
+    assert sorted(second) == list(range(64))
+    assert first != second  # reshuffled each epoch
+    for b in bs:  # static, full batches
+        assert b[contract.IMAGE_KEY].shape == (8, 28, 28, 1)
+        assert b[contract.IMAGE_KEY].dtype == np.float32
+        assert 0.0 <= b[contract.IMAGE_KEY].min() and b[contract.IMAGE_KEY].max() <= 1.0
+
+
+@pytest.mark.parametrize("num_files,pipelines", [(4, 2), (6, 3), (2, 3), (1, 2)])
+def test_pipelines_are_disjoint_and_complete(num_files, pipelines, caplog):
+    n = 60
+    files = split(ram_dir(), num_train=n, train_shards=num_files)
+    expected = data.pipeline_example_counts(files.counts, pipelines)
+    assert sum(expected) == n
+    seen = []
+    with caplog.at_level(logging.WARNING, logger="trainer.data"):
+        for i in range(pipelines):
+            # global batch == replicas: one example per replica batch, so an
+            # epoch of this pipeline is exactly expected[i] batches.
+            ds = data.SplitInput(files, pipelines, training=True).dataset_fn(
+                context(pipelines, i, pipelines))
+            got = indices(batches(ds, expected[i]))
+            assert len(got) == len(set(got)) == expected[i]
+            seen.extend(got)
+    assert sorted(seen) == list(range(n))  # disjoint (no repeats) and complete
+    warned = any("sharding by record" in r.getMessage() for r in caplog.records)
+    assert warned == (num_files < pipelines)
+
+
+def test_file_sharding_gives_each_pipeline_whole_files():
+    files = split(ram_dir(), num_train=40, train_shards=4)
+    ds = data.SplitInput(files, 2, training=True).dataset_fn(context(2, 1, 2))
+    got = set(indices(batches(ds, 20)))
+    # write_dataset deals example i to shard i % 4; pipeline 1 owns shards 1 and 3.
+    assert got == {i for i in range(40) if i % 4 in (1, 3)}
+
+
+@pytest.mark.parametrize("num_test,shards,batch,pipelines,replicas",
+                         [(37, 2, 8, 1, 2), (37, 3, 8, 2, 4), (37, 1, 6, 2, 2),
+                          (16, 2, 8, 1, 2), (5, 2, 8, 1, 1)])
+def test_eval_covers_every_example_exactly_once(num_test, shards, batch, pipelines,
+                                                replicas):
+    files = split(ram_dir(), "test", num_test=num_test, test_shards=shards)
+    steps = data.eval_steps(files.counts, batch, replicas, pipelines)
+    per_replica = batch // replicas
+    per_pipeline = steps * (replicas // pipelines)
+    seen = []
+    for i in range(pipelines):
+        inp = data.SplitInput(files, batch, training=False)
+        ds = inp.dataset_fn(context(pipelines, i, replicas))
+        assert inp.steps == steps
+        # Two passes: the eval stream repeats, aligned on whole passes.
+        bs = batches(ds, 2 * per_pipeline)
+        first, second = bs[:per_pipeline], bs[per_pipeline:]
+        assert indices(first, weighted=True) == indices(second, weighted=True)
+        for b in bs:
+            assert b[contract.IMAGE_KEY].shape == (per_replica, 28, 28, 1)
+            assert set(np.unique(b[data.WEIGHT_KEY])) <= {0.0, 1.0}
+            pad = b[data.WEIGHT_KEY] == 0
+            assert (b[contract.INDEX_KEY][pad] == -1).all()
+            assert (b[contract.IMAGE_KEY][pad] == 0).all()
+        seen.extend(indices(first, weighted=True))
+    assert sorted(seen) == list(range(num_test))
+    # No more steps than needed: one fewer could not hold the largest pipeline.
+    largest = max(data.pipeline_example_counts(files.counts, pipelines))
+    assert (steps - 1) * per_replica * (replicas // pipelines) < largest
+
+
+@pytest.mark.parametrize("image_format,compression", [("png", "none"), ("raw", "gzip"),
+                                                      ("png", "gzip")])
+def test_formats_decode_to_the_written_pixels(image_format, compression, tmp_path):
+    out = str(tmp_path / "data")  # a real directory this time
+    files = split(out, "test", num_test=10, test_shards=2, image_format=image_format,
+                  compression=compression)
+    assert files.compression_type == ("GZIP" if compression == "gzip" else "")
+    ds = data.SplitInput(files, 4, training=False).dataset_fn(context(1, 0, 1))
+    images, labels = trainer_data.test_arrays(num_test=10)
+    got = 0
+    for b in batches(ds, data.eval_steps(files.counts, 4, 1, 1)):
+        for img, label, index, w in zip(b[contract.IMAGE_KEY], b[contract.LABEL_KEY],
+                                        b[contract.INDEX_KEY], b[data.WEIGHT_KEY]):
+            if w:
+                np.testing.assert_allclose(img, images[index] / 255.0, atol=1e-6)
+                assert label == labels[index]
+                got += 1
+    assert got == 10
+
+
+def test_keras_form_is_tuples():
+    files = split(ram_dir(), num_train=32)
+    train = data.SplitInput(files, 8, training=True, keras=True, cache=True)
+    x, y = next(iter(train.dataset_fn(context(1, 0, 1))))
+    assert x.shape == (8, 28, 28, 1) and y.shape == (8,)
+    test = data.SplitInput(files, 8, training=False, keras=True)
+    x, y, w = next(iter(test.dataset_fn(context(1, 0, 1))))
+    assert w.shape == (8,)
+
+
+def test_batch_must_divide_into_replicas():
+    files = split(ram_dir(), num_train=32)
+    with pytest.raises(TrainerError, match="does not divide into 3 replicas"):
+        data.SplitInput(files, 8, training=True).dataset_fn(context(1, 0, 3))
+
+
+# -- errors -------------------------------------------------------------------
+
+def test_missing_data_dir():
+    path = ram_dir() + "/nowhere"
+    with pytest.raises(TrainerError, match=f"^{path}: data directory not found$"):
+        data.load_manifest(path)
+
+
+def test_missing_manifest():
+    out = ram_dir()
+    trainer_data.write_dataset(out, write_manifest=False)
+    with pytest.raises(TrainerError, match=rf"^{out}/manifest\.json: no manifest\.json"):
+        data.load_manifest(out)
+
+
+def test_malformed_manifest():
+    out = ram_dir()
+    trainer_data.write_dataset(out)
+    tf.io.gfile.remove(f"{out}/manifest.json")  # ram:// "w" does not truncate
+    with tf.io.gfile.GFile(f"{out}/manifest.json", "w") as f:
+        f.write('{"format_version": 1, "image_format": "jpeg"}')
+    with pytest.raises(TrainerError, match=r"manifest\.json: unknown image_format 'jpeg'"):
+        data.load_manifest(out)
+
+
+def test_missing_shard_is_named():
+    out = ram_dir()
+    trainer_data.write_dataset(out, train_shards=3)
+    gone = f"{out}/{contract.shard_filename('train', 1, 3)}"
+    tf.io.gfile.remove(gone)
+    manifest = data.load_manifest(out)
+    with pytest.raises(TrainerError, match=f"^{gone}: listed in manifest.json but missing$"):
+        data.split_files(out, manifest, "train")
+
+
+def test_corrupt_file_is_found():
+    out = ram_dir()
+    trainer_data.write_dataset(out, train_shards=3)
+    bad = f"{out}/{contract.shard_filename('train', 2, 3)}"
+    files = data.split_files(out, data.load_manifest(out), "train")
+    assert data.find_corrupt_file(files) is None
+    trainer_data.corrupt(bad)
+    path, message = data.find_corrupt_file(files)
+    assert path == bad
+    assert "corrupt" in message.lower() or "checksum" in message.lower()
