@@ -8,6 +8,7 @@ without argv.
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Optional
 
 LOOPS = ("keras", "custom")
@@ -22,6 +23,20 @@ class TrainerError(Exception):
     The message is one line that names the file or setting at fault; the
     command line prints it without a traceback.
     """
+
+
+def summarize_error(error: BaseException, limit: int = 160) -> str:
+    """The gist of a (TensorFlow) exception, fit for one line.
+
+    Drops TF's ``{{function_node ...}}`` prefixes and ``[Op:...]`` suffixes
+    and keeps the first sentence of the first line.
+    """
+    text = getattr(error, "message", None) or str(error) or type(error).__name__
+    line = text.strip().splitlines()[0] if text.strip() else type(error).__name__
+    line = re.sub(r"\{\{[^}]*\}\}\s*", "", line)
+    line = re.sub(r"\s*\[Op:.*$", "", line).strip()
+    line = line.split(". ")[0]
+    return line[:limit] or type(error).__name__
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +87,11 @@ class TrainConfig:
         check(self.shuffle_buffer >= 1, f"--shuffle_buffer must be >= 1, not {self.shuffle_buffer}")
         check(self.log_every >= 1, f"--log_every must be >= 1, not {self.log_every}")
         check(self.tpu is None or self.tpu.strip() != "", "--tpu must not be empty")
+        # XLA compiles for one CPU device; logical CPU replicas' variables sit
+        # on the others ("Trying to access resource ... located in device CPU:1").
+        check(not (self.jit_compile and self.cpu_replicas > 1),
+              "--jit_compile does not work with --cpu_replicas > 1 "
+              "(XLA sees one CPU device)")
         check(self.cpu_replicas == 0 or self.strategy in ("auto", "mirrored"),
               "--cpu_replicas works with --strategy=auto or mirrored, "
               f"not {self.strategy!r}")

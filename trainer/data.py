@@ -39,7 +39,7 @@ import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 
 from pipeline import contract
-from trainer.config import TrainerError
+from trainer.config import TrainerError, summarize_error
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ def load_manifest(data_dir: str) -> contract.Manifest:
         is_dir = tf.io.gfile.isdir(data_dir)
         has_manifest = is_dir and tf.io.gfile.exists(path)
     except tf.errors.OpError as e:  # e.g. gs:// without credentials or network
-        raise TrainerError(f"{data_dir}: cannot access ({_first_line(e)})") from None
+        raise TrainerError(f"{data_dir}: cannot access ({summarize_error(e)})") from None
     if not is_dir:
         raise TrainerError(f"{data_dir}: data directory not found")
     if not has_manifest:
@@ -69,11 +69,8 @@ def load_manifest(data_dir: str) -> contract.Manifest:
     except contract.ContractError as e:
         raise TrainerError(str(e)) from None
     except tf.errors.OpError as e:
-        raise TrainerError(f"{path}: cannot read ({_first_line(e)})") from None
+        raise TrainerError(f"{path}: cannot read ({summarize_error(e)})") from None
 
-
-def _first_line(error: tf.errors.OpError) -> str:
-    return (error.message.strip().splitlines() or [type(error).__name__])[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -287,5 +284,5 @@ def find_corrupt_file(split: SplitFiles) -> Optional[tuple[str, str]]:
             for _ in ds.batch(4096):
                 pass
         except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
-            return path, _first_line(e)
+            return path, summarize_error(e)
     return None

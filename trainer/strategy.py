@@ -26,7 +26,7 @@ from typing import Optional
 import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 
-from trainer.config import TrainerError
+from trainer.config import TrainerError, summarize_error
 
 log = logging.getLogger(__name__)
 
@@ -68,9 +68,8 @@ def tpu_strategy(tpu: Optional[str]) -> tf.distribute.TPUStrategy:
         strategy = tf.distribute.TPUStrategy(resolver)
     except (ValueError, RuntimeError, OSError, tf.errors.OpError) as e:
         # OSError covers urllib's URLError when a TPU name cannot be resolved.
-        first_line = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise TrainerError(
-            f"--tpu={name}: no TPU found ({type(e).__name__}: {first_line[:200]}); "
+            f"--tpu={name}: no TPU found ({type(e).__name__}: {summarize_error(e)}); "
             "on a Cloud TPU VM use --tpu=local, elsewhere the TPU's name, "
             "or --strategy=auto to run without one") from None
     log.info("TPU %s: %d cores", name, strategy.num_replicas_in_sync)

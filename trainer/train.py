@@ -21,7 +21,7 @@ import tensorflow as tf
 
 from trainer import custom_loop, data, keras_loop, model as model_lib, outputs
 from trainer import strategy as strategy_lib
-from trainer.config import TrainConfig, TrainerError
+from trainer.config import TrainConfig, TrainerError, summarize_error
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +51,6 @@ def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict
     if config.global_batch_size % replicas:
         raise TrainerError(f"--global_batch_size={config.global_batch_size} does not "
                            f"divide into {replicas} replicas")
-    if config.jit_compile and config.cpu_replicas > 1:
-        # XLA compiles for one CPU device; logical CPU replicas' variables sit
-        # on the others ("Trying to access resource ... located in device CPU:1").
-        raise TrainerError("--jit_compile does not work with --cpu_replicas > 1 "
-                           "(XLA sees one CPU device); use one of them")
     steps_per_epoch = config.steps_per_epoch or (
         train_files.num_examples // config.global_batch_size)
     if steps_per_epoch < 1:
@@ -122,5 +117,4 @@ def _corrupt_data_error(error: tf.errors.DataLossError,
         if found:
             path, message = found
             return TrainerError(f"{path}: corrupt TFRecord data ({message})")
-    first = (error.message.strip().splitlines() or ["data loss"])[0]
-    return TrainerError(f"data loss while reading the shards: {first}")
+    return TrainerError(f"data loss while reading the shards: {summarize_error(error)}")

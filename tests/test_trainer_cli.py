@@ -1,0 +1,121 @@
+"""The command line: a run end to end, and one clear line for each expected failure."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from pipeline import contract
+from tests import trainer_data
+from tests.conftest import REPO
+from trainer import __main__ as cli
+from trainer import outputs
+from trainer.config import TrainConfig, TrainerError
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    return subprocess.run([sys.executable, "-m", "trainer", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [l for l in stderr.splitlines() if l.startswith("error: ")]
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> str:
+    out = str(tmp_path_factory.mktemp("cli") / "data")
+    trainer_data.write_dataset(out, num_train=128, num_test=21, train_shards=3)
+    return out
+
+
+@pytest.mark.parametrize("loop", ["keras", "custom"])
+def test_in_process_run_prints_final_metrics(dataset, tmp_path, loop, capsys):
+    rc = cli.main([f"--data={dataset}", f"--model_dir={tmp_path}/m", f"--loop={loop}",
+                   "--epochs=1", "--global_batch_size=16", "--steps_per_execution=3",
+                   "--verbose=0", "--seed=3"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "test_examples=21 train_examples=128 train_steps=8" in out
+    assert f"({loop} loop, _DefaultDistributionStrategy, 1 replica(s))" in out
+    assert outputs.read_metrics(f"{tmp_path}/m")["test_examples"] == 21
+
+
+def test_missing_data_dir(tmp_path, capsys):
+    missing = str(tmp_path / "nope")
+    assert cli.main([f"--data={missing}", f"--model_dir={tmp_path}/m"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {missing}: data directory not found"]
+
+
+def test_missing_manifest(tmp_path, capsys):
+    out = str(tmp_path / "data")
+    trainer_data.write_dataset(out, num_train=16, num_test=4, write_manifest=False)
+    assert cli.main([f"--data={out}", f"--model_dir={tmp_path}/m"]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"error: {out}/manifest.json: no manifest.json")
+
+
+def test_corrupt_record_names_the_file(tmp_path, capsys):
+    out = str(tmp_path / "data")
+    trainer_data.write_dataset(out, num_train=128, num_test=8, train_shards=3)
+    bad = f"{out}/{contract.shard_filename('train', 1, 3)}"
+    trainer_data.corrupt(bad)
+    rc = cli.main([f"--data={out}", f"--model_dir={tmp_path}/m", "--loop=custom",
+                   "--epochs=1", "--global_batch_size=16"])
+    assert rc == 1
+    (line,) = error_lines(capsys.readouterr().err)
+    assert line.startswith(f"error: {bad}: corrupt TFRecord data (corrupted record at ")
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--epochs=0"], "--epochs must be >= 1, not 0"),
+    (["--cpu_replicas=2", "--jit_compile"], "--jit_compile does not work with --cpu_replicas > 1"),
+    (["--cpu_replicas=2", "--strategy=tpu"], "--cpu_replicas works with --strategy=auto or mirrored"),
+])
+def test_bad_settings(argv, message, tmp_path, capsys):
+    assert cli.main(["--data=x", f"--model_dir={tmp_path}", *argv]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"error: {message}")
+
+
+def test_flags_fill_the_config():
+    config = cli.parse_args(["--data=gs://b/d", "--model_dir=gs://b/m", "--loop=custom",
+                             "--cache", "--mixed_precision=bfloat16", "--tpu=local",
+                             "--strategy=tpu", "--steps_per_execution=7"])
+    assert config == TrainConfig(data="gs://b/d", model_dir="gs://b/m", loop="custom",
+                                 cache=True, mixed_precision="bfloat16", tpu="local",
+                                 strategy="tpu", steps_per_execution=7)
+    with pytest.raises(TrainerError):
+        TrainConfig(data="d", model_dir="m", loop="estimator")
+
+
+# Real processes: the TPU probe changes process-wide TF state, and these show
+# what a user sees (no traceback, one error line, exit status 1).
+
+@pytest.mark.parametrize("tpu,reason", [("local", "NotFoundError: TPUs not found"),
+                                        ("no-such-tpu-" + uuid.uuid4().hex[:6], "")])
+def test_bad_tpu_off_a_tpu(dataset, tmp_path, tpu, reason):
+    proc = run_cli(f"--data={dataset}", f"--model_dir={tmp_path}/m", "--strategy=tpu",
+                   f"--tpu={tpu}")
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    (line,) = error_lines(proc.stderr)
+    assert line == proc.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"error: --tpu={tpu}: no TPU found (")
+    assert reason in line
+
+
+def test_missing_shard_from_the_shell(tmp_path):
+    out = str(tmp_path / "data")
+    trainer_data.write_dataset(out, num_train=16, num_test=4, test_shards=2)
+    gone = f"{out}/{contract.shard_filename('test', 0, 2)}"
+    os.remove(gone)
+    proc = run_cli(f"--data={out}", f"--model_dir={tmp_path}/m")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert error_lines(proc.stderr) == [f"error: {gone}: listed in manifest.json but missing"]
