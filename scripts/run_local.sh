@@ -7,7 +7,8 @@
 #   scripts/run_local.sh [extra trainer flags, e.g. --epochs=3]
 #
 # Environment (all optional):
-#   PYTHON     interpreter with the project installed   (default: python)
+#   PYTHON     interpreter with the project installed   (default: .venv, made
+#              and filled by scripts/bootstrap.sh on first use)
 #   DATA       where the pipeline writes shards          (default: out/mnist)
 #   MODEL_DIR  checkpoints, TensorBoard logs, export     (default: runs/local-$LOOP)
 #   LOOP       keras | custom                            (default: keras)
@@ -17,7 +18,8 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-PYTHON="${PYTHON:-python}"
+# shellcheck source=scripts/bootstrap.sh
+source scripts/bootstrap.sh
 LOOP="${LOOP:-keras}"
 DATA="${DATA:-out/mnist}"
 MODEL_DIR="${MODEL_DIR:-runs/local-${LOOP}}"

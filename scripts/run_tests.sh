@@ -11,7 +11,8 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-PYTHON="${PYTHON:-python}"
+# shellcheck source=scripts/bootstrap.sh
+source scripts/bootstrap.sh
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
 export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES-}"
 export PYTHONDONTWRITEBYTECODE=1
