@@ -49,6 +49,12 @@ class ConvertOptions(PipelineOptions):
             "--shuffle_salt", default="mnist-tfrecords-v1",
             help="Salt of the deterministic shuffle; another salt, another order.")
         parser.add_argument(
+            "--shuffle", choices=("auto", "beam", "files"), default="auto",
+            help="How records reach their shard. beam: the runner's shuffle "
+                 "(distributed runners); files: key-sorted spill files merged per "
+                 "shard, flat memory (the local runner keeps its shuffle in RAM). "
+                 "auto: files for DirectRunner, beam otherwise. Output is identical.")
+        parser.add_argument(
             "--download_cache_dir", default=None,
             help="Cache for downloaded IDX files (default ~/.cache/mnist-tfrecords).")
         parser.add_argument(

@@ -92,7 +92,7 @@ def bucket_of(key: bytes, bucket_bits: int) -> int:
     return int.from_bytes(key[:4], "big") >> (32 - bucket_bits)
 
 
-def _masked_crc(data: bytes) -> int:
+def masked_crc(data: bytes) -> int:
     crc = google_crc32c.value(data)
     return (((crc >> 15) | (crc << 17)) + _CRC_MASK_DELTA) & 0xFFFFFFFF
 
@@ -100,8 +100,8 @@ def _masked_crc(data: bytes) -> int:
 def frame_record(data: bytes) -> bytes:
     """One record in TFRecord framing (what tf.io.TFRecordWriter writes)."""
     length = struct.pack("<Q", len(data))
-    return (length + struct.pack("<I", _masked_crc(length)) + data +
-            struct.pack("<I", _masked_crc(data)))
+    return (length + struct.pack("<I", masked_crc(length)) + data +
+            struct.pack("<I", masked_crc(data)))
 
 
 def iter_framed_records(data: bytes, origin: str):
@@ -113,14 +113,14 @@ def iter_framed_records(data: bytes, origin: str):
         length_bytes = data[offset:offset + 8]
         (length,) = struct.unpack("<Q", length_bytes)
         (length_crc,) = struct.unpack("<I", data[offset + 8:offset + 12])
-        if length_crc != _masked_crc(length_bytes):
+        if length_crc != masked_crc(length_bytes):
             raise ValueError(f"{origin}: bad length CRC at byte {offset}")
         start, end = offset + 12, offset + 12 + length
         if end + 4 > len(data):
             raise ValueError(f"{origin}: truncated record at byte {offset}")
         record = data[start:end]
         (data_crc,) = struct.unpack("<I", data[end:end + 4])
-        if data_crc != _masked_crc(record):
+        if data_crc != masked_crc(record):
             raise ValueError(f"{origin}: bad data CRC in record at byte {offset}")
         yield record
         offset = end + 4

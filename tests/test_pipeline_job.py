@@ -87,6 +87,14 @@ def test_rerun_is_byte_identical_with_more_workers(tmp_path, idx_dir):
     assert snapshot(tmp_path / "a") == snapshot(tmp_path / "b")
 
 
+@pytest.mark.parametrize("flags", [[], ["--compression=gzip", "--image_format=png"]])
+def test_both_shuffle_modes_write_identical_files(tmp_path, idx_dir, flags):
+    run_job(idx_dir, tmp_path / "beam", "--min_shards=3", "--shuffle=beam", *flags)
+    run_job(idx_dir, tmp_path / "files", "--min_shards=3", "--shuffle=files", *flags)
+    assert snapshot(tmp_path / "beam") == snapshot(tmp_path / "files")
+    assert len(snapshot(tmp_path / "beam")) >= 6
+
+
 def test_png_and_gzip(tmp_path, idx_dir, digits):
     out = tmp_path / "out"
     manifest = run_job(idx_dir, out, "--image_format=png", "--compression=gzip",

@@ -1,0 +1,119 @@
+"""Streaming shard writes and the sorted spill files of the file-based shuffle.
+
+A spill file holds one read task's records sorted by shuffle key, each framed
+as a TFRecord whose payload is ``key (16 bytes) + serialized Example``.
+Because the order is by key, every bucket -- and so every shard's share -- is
+one contiguous byte range of the file. A shard is written by merging its
+ranges from all spill files, reading each in small chunks, so memory stays
+flat however large the dataset or the shard.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+import zlib
+from typing import Iterator
+
+import numpy as np
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+
+from pipeline import records
+
+KEY_BYTES = 16
+_MIME = "application/octet-stream"
+
+
+class ShardFileWriter:
+    """Writes framed records to ``path``, counting and hashing the stored bytes."""
+
+    def __init__(self, path: str, compression: str):
+        self._file = FileSystems.create(path, mime_type=_MIME,
+                                        compression_type=CompressionTypes.UNCOMPRESSED)
+        # wbits=31: a gzip stream with mtime 0, so output is byte-reproducible.
+        self._gzip = zlib.compressobj(6, zlib.DEFLATED, 31) if compression == "gzip" else None
+        self._sha256 = hashlib.sha256()
+        self.num_examples = 0
+        self.num_bytes = 0
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+
+    def _emit(self, data: bytes) -> None:
+        if self._gzip:
+            data = self._gzip.compress(data)
+        if data:
+            self._file.write(data)
+            self._sha256.update(data)
+            self.num_bytes += len(data)
+
+    def write(self, example: bytes) -> None:
+        framed = records.frame_record(example)
+        self._pending.append(framed)
+        self._pending_bytes += len(framed)
+        self.num_examples += 1
+        if self._pending_bytes >= 1 << 20:
+            self._emit(b"".join(self._pending))
+            self._pending, self._pending_bytes = [], 0
+
+    def close(self) -> dict:
+        self._emit(b"".join(self._pending))
+        self._pending = []
+        if self._gzip:
+            tail = self._gzip.flush()
+            self._file.write(tail)
+            self._sha256.update(tail)
+            self.num_bytes += len(tail)
+        self._file.close()
+        return {"num_examples": self.num_examples, "num_bytes": self.num_bytes,
+                "sha256": self._sha256.hexdigest()}
+
+
+def encode_spill(keyed_examples: list[tuple[bytes, bytes]], bucket_bits: int):
+    """Sorted spill-file bytes, and per bucket: ids, record counts, byte ranges, sizes.
+
+    ``sizes`` are the bytes each bucket's records will take in a shard.
+    """
+    keyed_examples.sort(key=lambda kv: kv[0])
+    chunks = [records.frame_record(key + example) for key, example in keyed_examples]
+    lengths = np.fromiter((len(c) for c in chunks), np.int64, len(chunks))
+    ends = np.cumsum(lengths)
+    buckets = np.fromiter((records.bucket_of(k, bucket_bits) for k, _ in keyed_examples),
+                          np.int64, len(keyed_examples))
+    ids, first, counts = np.unique(buckets, return_index=True, return_counts=True)
+    last = first + counts - 1
+    starts = ends[first] - lengths[first]
+    # In a shard each record loses its key but keeps the framing.
+    shard_sizes = np.add.reduceat(lengths - KEY_BYTES, first) if len(ids) else ids
+    return b"".join(chunks), ids, counts, starts, ends[last], shard_sizes
+
+
+def iter_spill_range(path: str, start: int, end: int,
+                     chunk_bytes: int) -> Iterator[tuple[bytes, bytes]]:
+    """Yields (key, example) from bytes [start, end) of a spill file, chunk by chunk."""
+    with FileSystems.open(path, mime_type=_MIME,
+                          compression_type=CompressionTypes.UNCOMPRESSED) as f:
+        f.seek(start)
+        remaining = end - start
+        buffer = b""
+        while remaining or buffer:
+            if remaining:
+                piece = f.read(min(chunk_bytes, remaining))
+                if not piece:
+                    raise IOError(f"{path}: spill file ends before byte {end}")
+                remaining -= len(piece)
+                buffer += piece
+            offset = 0
+            while len(buffer) - offset >= 12:
+                (length,) = struct.unpack_from("<Q", buffer, offset)
+                stop = offset + 12 + length + 4
+                if stop > len(buffer):
+                    break
+                payload = buffer[offset + 12:offset + 12 + length]
+                if struct.unpack_from("<I", buffer, stop - 4)[0] != records.masked_crc(payload):
+                    raise IOError(f"{path}: bad CRC in spill record at byte {start + offset}")
+                yield payload[:KEY_BYTES], payload[KEY_BYTES:]
+                offset = stop
+            buffer = buffer[offset:]
+            if not remaining and buffer:
+                raise IOError(f"{path}: truncated spill record before byte {end}")
