@@ -7,7 +7,7 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from pipeline.errors import PipelineInputError  # noqa: E402
+from pipeline.errors import PipelineError, PipelineInputError  # noqa: E402
 
 
 class _DropInputErrorTracebacks(logging.Filter):
@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     from pipeline import job
     try:
         manifest = job.run(sys.argv[1:] if argv is None else argv)
-    except PipelineInputError as e:
+    except PipelineError as e:
         message = re.sub(r" \[while running '[^']*'\]$", "", str(e))
         print(f"error: {message}", file=sys.stderr)
         return 2

@@ -19,7 +19,7 @@ from apache_beam.options.pipeline_options import (GoogleCloudOptions,
                                                   StandardOptions)
 
 from pipeline import contract, storage, transforms
-from pipeline.errors import PipelineInputError
+from pipeline.errors import PipelineError, PipelineInputError, StorageError
 from pipeline.metadata import tfds_metadata_files
 from pipeline.options import ConvertOptions
 from pipeline.output import OutputLayout, finalize, prepare_output
@@ -97,15 +97,26 @@ def run(argv: Sequence[str]) -> contract.Manifest:
         if state != "DONE":
             raise RuntimeError(f"pipeline ended in state {state}")
     except Exception as e:  # the runner re-raises worker errors in many shapes
-        storage.delete_tree(layout.temp_dir)
-        input_error = _as_input_error(e)
-        if input_error is None:
+        known = _as_pipeline_error(e, layout)
+        if isinstance(known, StorageError):
+            logging.warning("Leaving %s: storage is failing; the next run removes it",
+                            layout.temp_dir)
+        else:
+            storage.delete_tree(layout.temp_dir)
+        if known is None:
             raise
-        raise input_error from e
+        raise known from e
     counters = _report_counters(result, splits)
-    manifest = finalize(layout, conv, source.description,
-                        lambda m: tfds_metadata_files(m, conv.output,
-                                                      source.description))
+    try:
+        manifest = finalize(layout, conv, source.description,
+                            lambda m: tfds_metadata_files(m, conv.output,
+                                                          source.description))
+    except Exception as e:
+        known = _as_pipeline_error(e, layout)
+        if not isinstance(known, StorageError):
+            raise
+        raise StorageError(f"{known}; while finalizing: without manifest.json the "
+                           "output holds no complete dataset, rerun the job") from e
     for split in splits:
         written = counters.get(f"{split}_examples_written")
         if written is not None and written != manifest.split(split).num_examples:
@@ -114,8 +125,16 @@ def run(argv: Sequence[str]) -> contract.Manifest:
     return manifest
 
 
-def _as_input_error(error: Exception) -> PipelineInputError | None:
-    """Finds a PipelineInputError raised in a worker, however the runner wrapped it."""
+_STORAGE_FAILURES = ("RetryError", "ConnectionError", "ServiceUnavailable",
+                     "BeamIOError", "Max retries exceeded")
+
+
+def _as_pipeline_error(error: Exception, layout: OutputLayout) -> PipelineError | None:
+    """The one-line error inside whatever the runner raised, or None if unknown.
+
+    A PipelineInputError raised in a worker is found by type or, when the
+    runner passed it on as text, by name. Storage failures name the output.
+    """
     seen = error
     while seen is not None:
         if isinstance(seen, PipelineInputError):
@@ -125,4 +144,10 @@ def _as_input_error(error: Exception) -> PipelineInputError | None:
     marker = "PipelineInputError: "
     if marker in text:
         return PipelineInputError(text.split(marker, 1)[1].splitlines()[0])
+    failure = next((f for f in _STORAGE_FAILURES
+                    if f in text or f == type(error).__name__), None)
+    if failure:
+        first_line = text.strip().splitlines()[0] if text.strip() else type(error).__name__
+        return StorageError(f"{layout.output}: storage failed during the run "
+                            f"({failure}: {first_line[:200]})")
     return None

@@ -62,7 +62,7 @@ def idx_dir(tmp_path, digits) -> Path:
     return folder
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -71,17 +71,22 @@ def _free_port() -> int:
 class GcsEmulator:
     """A gcp-storage-emulator process on 127.0.0.1 that tests can stop and restart."""
 
-    def __init__(self, port: int):
+    def __init__(self, port: int, data_dir: str | None = None):
         self.port = port
+        self.data_dir = data_dir  # None: in memory; else kept across restarts
         self.host = f"http://127.0.0.1:{port}"
         self.process = None
 
     def start(self) -> None:
+        storage_flags = ["--in-memory"] if self.data_dir is None else []
+        env = dict(os.environ)
+        if self.data_dir is not None:
+            env["STORAGE_BASE"] = self.data_dir
         self.process = subprocess.Popen(
             [sys.executable, "-m", "gcp_storage_emulator", "start",
-             "--host=127.0.0.1", f"--port={self.port}", "--in-memory",
+             "--host=127.0.0.1", f"--port={self.port}", *storage_flags,
              f"--default-bucket={EMULATOR_BUCKET}"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
@@ -99,12 +104,14 @@ class GcsEmulator:
 
     def client(self):
         from google.cloud import storage
-        return storage.Client(project="test")
+        from google.auth.credentials import AnonymousCredentials
+        return storage.Client(project="test", credentials=AnonymousCredentials(),
+                              client_options={"api_endpoint": self.host})
 
 
 @pytest.fixture(scope="session")
 def gcs_emulator():
-    emulator = GcsEmulator(_free_port())
+    emulator = GcsEmulator(free_port())
     emulator.start()
     previous = os.environ.get("STORAGE_EMULATOR_HOST")
     os.environ["STORAGE_EMULATOR_HOST"] = emulator.host
