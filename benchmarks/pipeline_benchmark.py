@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 from pipeline import contract, idx  # noqa: E402
 from pipeline.sources import SampleSource  # noqa: E402
 
-RECORD_BYTES = 855  # a raw-format record with its TFRecord framing
+RECORD_BYTES = 856  # a raw-format synthetic record with its TFRecord framing
 
 
 def run_measured(cmd: list[str]) -> tuple[float, float]:
@@ -98,7 +98,7 @@ def scale(work: Path, gigabytes: float) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scale_gb", type=float, default=1.0)
+    parser.add_argument("--scale_gb", type=float, default=0.99)
     parser.add_argument("--skip_scale", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="pipeline-bench-") as tmp:
