@@ -1,0 +1,58 @@
+"""Install roles: the trainer extra must not pull Beam, even transitively."""
+
+import re
+import tomllib
+from importlib import metadata
+
+from packaging.requirements import Requirement
+
+from tests.conftest import REPO
+
+
+def _extras():
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    return project["dependencies"], project["optional-dependencies"]
+
+
+def _closure(requirements: list[str]) -> set[str]:
+    """Names of everything these requirements install, read from installed metadata."""
+    seen, todo = set(), [Requirement(r) for r in requirements]
+    while todo:
+        req = todo.pop()
+        name = re.sub(r"[-_.]+", "-", req.name).lower()
+        if name in seen or (req.marker and not req.marker.evaluate({"extra": ""})):
+            continue
+        seen.add(name)
+        try:
+            dist = metadata.distribution(req.name)
+        except metadata.PackageNotFoundError:
+            continue
+        for text in dist.requires or []:
+            sub = Requirement(text)
+            wanted = not sub.marker or any(sub.marker.evaluate({"extra": e})
+                                           for e in ("", *req.extras))
+            if wanted:
+                todo.append(sub)
+    return seen
+
+
+def test_trainer_extra_does_not_install_beam():
+    base, extras = _extras()
+    installed = _closure(base + extras["trainer"])
+    assert "tensorflow" in installed and "tf-keras" in installed
+    assert "apache-beam" not in installed
+
+
+def test_pipeline_extra_does_install_beam():
+    base, extras = _extras()
+    assert "apache-beam" in _closure(base + extras["pipeline"])
+
+
+def test_versions_are_pinned():
+    _, extras = _extras()
+    pins = {Requirement(r).name: str(Requirement(r).specifier)
+            for role in ("pipeline", "trainer") for r in extras[role]}
+    assert pins["tensorflow"] == "==2.21.0"
+    assert pins["apache-beam"] == "==2.77.0"
+    assert pins["tensorflow-datasets"] == "==4.9.10"
+    assert pins["tf-keras"] == "==2.21.0"
