@@ -197,3 +197,16 @@ def test_cli_exit_code_and_message(tmp_path):
     assert result.stderr.strip().splitlines()[-1] == (
         f"error: {tmp_path}/nowhere/train-images-idx3-ubyte.gz: source file not found")
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_tfds_source_reads_a_prepared_tfds_mnist(tmp_path, idx_dir, digits):
+    """TFDS's own `mnist` builder loads our PNG output as its prepared data."""
+    prepared = tmp_path / "tfds" / "mnist" / contract.TFDS_VERSION
+    run_job(idx_dir, prepared, "--image_format=png")
+    manifest = run_job("tfds", tmp_path / "out", f"--tfds_data_dir={tmp_path / 'tfds'}")
+    images, labels, indices = read_split(tmp_path / "out", manifest, "test")
+    # TFDS reads in its own order; the (image, label) pairs must be the same set.
+    ours = sorted(zip(map(bytes, digits["test"][0]), digits["test"][1].tolist()))
+    theirs = sorted(zip(map(bytes, images), labels.tolist()))
+    assert ours == theirs
+    assert sorted(indices) == list(range(len(labels)))
