@@ -46,6 +46,10 @@ log = logging.getLogger(__name__)
 AUTOTUNE = tf.data.AUTOTUNE
 WEIGHT_KEY = "weight"  # 1 for a real example, 0 for eval padding
 MAX_PARALLEL_FILES = 16
+# Records a file reader passes on at a time. Measured on 2 CPU cores: the
+# parallel interleave ran at ~0.55x the speed of from_tensor_slices when it
+# moved records one by one, ~0.8-1x with blocks of 256.
+RECORDS_PER_READ = 256
 
 
 def load_manifest(data_dir: str) -> contract.Manifest:
@@ -223,11 +227,13 @@ class SplitInput:
             ds = ds.shuffle(len(files), seed=self.seed, reshuffle_each_iteration=True)
         # Record-level sharding needs the same order in every pipeline.
         deterministic = not (self.training and by_file)
+        # Each reader thread hands over blocks of records, not single ones:
+        # passing every record between threads costs more than reading it.
         ds = ds.interleave(
             lambda f: tf.data.TFRecordDataset(
-                f, compression_type=self.split.compression_type),
-            cycle_length=min(len(files), MAX_PARALLEL_FILES), block_length=1,
-            num_parallel_calls=AUTOTUNE, deterministic=deterministic)
+                f, compression_type=self.split.compression_type).batch(RECORDS_PER_READ),
+            cycle_length=min(len(files), MAX_PARALLEL_FILES),
+            num_parallel_calls=AUTOTUNE, deterministic=deterministic).unbatch()
         if not by_file and num_pipelines > 1:
             ds = ds.shard(num_pipelines, pipeline_id)
         if self.cache and self.training:

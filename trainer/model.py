@@ -18,7 +18,7 @@ from trainer.config import TrainerError
 # (conv filters, conv filters, dense units, dense units)
 WIDTHS = {
     "guide": (256, 256, 256, 128),  # tensorflow.org/guide/tpu
-    "small": (16, 16, 64, 32),
+    "small": (8, 8, 32, 32),
 }
 L2 = 1e-5  # the guide's kernel_regularizer
 
