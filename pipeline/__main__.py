@@ -28,6 +28,7 @@ def main(argv=None) -> int:
     for handler in logging.getLogger().handlers:
         handler.addFilter(_DropInputErrorTracebacks())
     logging.getLogger("apache_beam").setLevel(logging.WARNING)
+    logging.getLogger("tensorflow").setLevel(logging.WARNING)
     from pipeline import job
     try:
         manifest = job.run(sys.argv[1:] if argv is None else argv)

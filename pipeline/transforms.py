@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import logging
 from typing import Iterable
 
 import apache_beam as beam
@@ -141,6 +142,8 @@ class _ShardWriterFn(beam.DoFn):
         for example in examples:
             writer.write(example)
         info = writer.close()
+        logging.info("Wrote %s: %d examples, %d bytes", name, info["num_examples"],
+                     info["num_bytes"])
         Metrics.counter(COUNTER_NAMESPACE, f"{split}_examples_written").inc(info["num_examples"])
         Metrics.counter(COUNTER_NAMESPACE, f"{split}_bytes_written").inc(info["num_bytes"])
         return {"split": split, "file": name, **info}
