@@ -63,7 +63,8 @@ SCRIPT = textwrap.dedent(r'''
 
     def run(name, data, model_dir, **kw):
         cfg = dict(data=data, model_dir=model_dir, global_batch_size=8, epochs=3,
-                   steps_per_epoch=16, cpu_replicas=2, verbose=2, log_every=8, seed=1)
+                   steps_per_epoch=16, cpu_replicas=2, verbose=2, log_every=8, seed=1,
+                   learning_rate=3e-3)
         cfg.update(kw)
         callbacks = cfg.pop("callbacks", ())
         metrics = train_and_evaluate(TrainConfig(**cfg), callbacks=callbacks)
