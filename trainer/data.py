@@ -14,8 +14,8 @@ pipelines when there are at least as many files as pipelines (no pipeline
 reads bytes another one discards); otherwise read everything in a fixed
 order and keep every n-th record (a logged warning: each pipeline then reads
 all the data). Files are read in parallel with a non-deterministic
-interleave (throughput over order; shuffling follows anyway), records are
-optionally cached, shuffled, repeated, batched with ``drop_remainder=True``
+interleave (throughput over order; shuffling follows anyway), each reader
+passing on blocks of records; records are then optionally cached, shuffled, repeated, batched with ``drop_remainder=True``
 (TPUs need static shapes) and only then parsed: one vectorized
 ``tf.io.parse_example`` per batch instead of one op per record.
 
