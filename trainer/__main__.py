@@ -67,7 +67,9 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> TrainConfig:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    # The trainer's own INFO lines; only warnings from TensorFlow and absl.
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("trainer").setLevel(logging.INFO)
     try:
         config = parse_args(argv)
         from trainer.train import train_and_evaluate  # imports TensorFlow

@@ -195,6 +195,13 @@ def run(*, strategy: tf.distribute.Strategy, model_name: str, learning_rate: flo
 
     if step == start:  # nothing left to train: still report the test metrics
         result = loop.evaluate(test_ds, eval_steps)
+    with strategy.scope():
+        # Compiled like the Keras loop's model, so both exports load ready to
+        # evaluate (and saving an uncompiled model logs a misleading warning).
+        loop.model.compile(
+            optimizer=loop.optimizer,
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            weighted_metrics=model_lib.eval_metrics())
     loop.model.save(outputs.write_dir(model_dir, outputs.EXPORT, strategy), save_format="tf")
     outputs.discard_scratch(model_dir, strategy)
     return {"train_steps": int(loop.optimizer.iterations.numpy()),
