@@ -34,11 +34,15 @@ def dataset(tmp_path_factory) -> str:
     return out
 
 
-@pytest.mark.parametrize("loop", ["keras", "custom"])
-def test_in_process_run_prints_final_metrics(dataset, tmp_path, loop, capsys):
+@pytest.mark.parametrize("loop,extra", [
+    ("keras", []), ("custom", []),
+    ("keras", ["--mixed_precision=bfloat16", "--cache"]),
+    ("custom", ["--mixed_precision=bfloat16", "--cache"]),
+])
+def test_in_process_run_prints_final_metrics(dataset, tmp_path, loop, extra, capsys):
     rc = cli.main([f"--data={dataset}", f"--model_dir={tmp_path}/m", f"--loop={loop}",
                    "--epochs=1", "--global_batch_size=16", "--steps_per_execution=3",
-                   "--verbose=0", "--seed=3"])
+                   "--verbose=0", "--seed=3", *extra])
     out = capsys.readouterr().out
     assert rc == 0
     assert "test_examples=21 train_examples=128 train_steps=8" in out
