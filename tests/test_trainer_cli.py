@@ -65,13 +65,14 @@ def test_missing_manifest(tmp_path, capsys):
     assert line.startswith(f"error: {out}/manifest.json: no manifest.json")
 
 
-def test_corrupt_record_names_the_file(tmp_path, capsys):
+@pytest.mark.parametrize("loop", ["keras", "custom"])
+def test_corrupt_record_names_the_file(tmp_path, capsys, loop):
     out = str(tmp_path / "data")
     trainer_data.write_dataset(out, num_train=128, num_test=8, train_shards=3)
     bad = f"{out}/{contract.shard_filename('train', 1, 3)}"
     trainer_data.corrupt(bad)
-    rc = cli.main([f"--data={out}", f"--model_dir={tmp_path}/m", "--loop=custom",
-                   "--epochs=1", "--global_batch_size=16"])
+    rc = cli.main([f"--data={out}", f"--model_dir={tmp_path}/m", f"--loop={loop}",
+                   "--epochs=1", "--global_batch_size=16", "--verbose=0"])
     assert rc == 1
     (line,) = error_lines(capsys.readouterr().err)
     assert line.startswith(f"error: {bad}: corrupt TFRecord data (corrupted record at ")

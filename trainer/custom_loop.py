@@ -33,6 +33,7 @@ import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 import tf_keras as keras
 
+from pipeline import contract
 from pipeline.contract import join_path
 from trainer import data, model as model_lib, outputs
 
@@ -71,7 +72,7 @@ class CustomLoop:
 
     # -- per replica ---------------------------------------------------------
     def _train_step(self, batch):
-        images, labels = batch[data.contract.IMAGE_KEY], batch[data.contract.LABEL_KEY]
+        images, labels = batch[contract.IMAGE_KEY], batch[contract.LABEL_KEY]
         with tf.GradientTape() as tape:
             logits = self.model(images, training=True)
             per_example = keras.losses.sparse_categorical_crossentropy(
@@ -87,9 +88,9 @@ class CustomLoop:
         self.train_accuracy.update_state(labels, logits)
 
     def _eval_step(self, batch):
-        logits = self.model(batch[data.contract.IMAGE_KEY], training=False)
+        logits = self.model(batch[contract.IMAGE_KEY], training=False)
         for metric in self.test_metrics:
-            metric.update_state(batch[data.contract.LABEL_KEY], logits,
+            metric.update_state(batch[contract.LABEL_KEY], logits,
                                 sample_weight=batch[data.WEIGHT_KEY])
 
     # -- compiled loops --------------------------------------------------------
