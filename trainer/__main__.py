@@ -57,7 +57,11 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> TrainConfig:
     p.add_argument("--cache", type=_bool, nargs="?", const=True, default=defaults["cache"],
                    help="cache the records in memory after the first epoch")
     p.add_argument("--shuffle_buffer", type=int, default=defaults["shuffle_buffer"])
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None,
+                   help="seed the weights and the input order; a resumed run "
+                        "then continues the same stream of batches")
+    p.add_argument("--checkpoint_every", type=int, default=defaults["checkpoint_every"],
+                   help="also checkpoint every N steps within an epoch (0: epoch ends only)")
     p.add_argument("--log_every", type=int, default=defaults["log_every"],
                    help="custom loop: progress line every N steps")
     p.add_argument("--verbose", type=int, choices=(0, 1, 2), default=defaults["verbose"],

@@ -58,7 +58,11 @@ class TrainConfig:
     jit_compile: bool = False
     cache: bool = False
     shuffle_buffer: int = 10_000
+    # Seeds the weights and the input order (a deterministic stream that a
+    # resumed run continues); None: random.
     seed: Optional[int] = None
+    # Also checkpoint every N steps within an epoch (0: at epoch ends only).
+    checkpoint_every: int = 0
     log_every: int = 100  # custom loop: a progress line at least this often
     keep_checkpoints: int = 3
     verbose: int = 1  # Keras progress bar: 0 silent, 1 bar, 2 one line/epoch
@@ -85,6 +89,8 @@ class TrainConfig:
               f"--steps_per_execution must be >= 1, not {self.steps_per_execution}")
         check(self.cpu_replicas >= 0, f"--cpu_replicas must be >= 0, not {self.cpu_replicas}")
         check(self.shuffle_buffer >= 1, f"--shuffle_buffer must be >= 1, not {self.shuffle_buffer}")
+        check(self.checkpoint_every >= 0,
+              f"--checkpoint_every must be >= 0, not {self.checkpoint_every}")
         check(self.log_every >= 1, f"--log_every must be >= 1, not {self.log_every}")
         check(self.tpu is None or self.tpu.strip() != "", "--tpu must not be empty")
         # XLA compiles for one CPU device; logical CPU replicas' variables sit

@@ -18,9 +18,12 @@ under a strategy. Its pieces:
 * Evaluation takes the padded, weighted batches of `trainer.data` and
   weights every metric, so padding does not count.
 * ``tf.train.CheckpointManager`` saves model + optimizer (whose
-  ``iterations`` is the global step) at every epoch end; a restart in the
-  same ``model_dir`` resumes from the latest checkpoint at its step. The
-  input pipeline is not checkpointed: a resumed run draws a fresh shuffle.
+  ``iterations`` is the global step) at every epoch end and, with
+  ``checkpoint_every=N``, every N steps; a restart in the same
+  ``model_dir`` resumes from the latest checkpoint at its step. The input
+  pipeline's state is not checkpointed: with a seed its order is
+  reproducible, and the resumed input skips the batches the restored steps
+  consumed (see `trainer.data`); without one it draws a fresh shuffle.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ class LoopOptions:
     log_every: int = 100
     jit_compile: bool = False
     keep_checkpoints: int = 3
+    checkpoint_every: int = 0  # steps; 0: at epoch ends only
 
 
 class CustomLoop:
@@ -134,18 +138,20 @@ def run(*, strategy: tf.distribute.Strategy, model_name: str, learning_rate: flo
         options: LoopOptions) -> dict:
     """Trains (resuming from ``model_dir``), evaluates, exports; returns metrics."""
     loop = CustomLoop(strategy, model_name, learning_rate, options)
-    train_ds = train.distribute(strategy)
-    test_ds = test.distribute(strategy)
-    eval_steps = test.steps
-
     ckpt = tf.train.Checkpoint(model=loop.model, optimizer=loop.optimizer)
     manager = tf.train.CheckpointManager(
         ckpt, outputs.write_dir(model_dir, outputs.CHECKPOINTS, strategy),
         max_to_keep=options.keep_checkpoints, step_counter=loop.optimizer.iterations)
+    outputs.log_write_dirs(model_dir, strategy)
     if manager.latest_checkpoint:
         ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
         log.info("restored %s", manager.latest_checkpoint)
     start = int(loop.optimizer.iterations.numpy())
+    # Built after the restore, so that a seeded input can skip what was consumed.
+    train_ds = train.distribute(strategy, start_step=start)
+    test_ds = test.distribute(strategy)
+    eval_steps = test.steps
+
     logs_dir = outputs.write_dir(model_dir, outputs.LOGS, strategy)
     train_writer = tf.summary.create_file_writer(join_path(logs_dir, "train"))
     test_writer = tf.summary.create_file_writer(join_path(logs_dir, "validation"))
@@ -163,8 +169,12 @@ def run(*, strategy: tf.distribute.Strategy, model_name: str, learning_rate: flo
         loop.train_loss.reset_state()
         loop.train_accuracy.reset_state()
         while step < epoch_end:
-            # Run up to the next progress line (a multiple of log_every) or the epoch end.
+            # Run up to the next progress line (a multiple of log_every), the
+            # next mid-epoch checkpoint or the epoch end.
             stop = min(epoch_end, (step // options.log_every + 1) * options.log_every)
+            every = options.checkpoint_every
+            if every:
+                stop = min(stop, (step // every + 1) * every)
             t0 = time.perf_counter()
             loop.train(iterator, stop - step)
             loss = float(loop.train_loss.result())  # waits for the steps to finish
@@ -179,6 +189,8 @@ def run(*, strategy: tf.distribute.Strategy, model_name: str, learning_rate: flo
                 tf.summary.scalar("loss", loss)
                 tf.summary.scalar("accuracy", accuracy)
                 tf.summary.scalar("examples_per_second", rate)
+            if every and step % every == 0 and step < epoch_end:
+                manager.save(checkpoint_number=step)
         result = loop.evaluate(test_ds, eval_steps)
         print(f"epoch {epoch + 1}/{options.epochs} test_loss {result['test_loss']:.4f} "
               f"test_accuracy {result['test_accuracy']:.4f} "

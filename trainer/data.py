@@ -13,11 +13,20 @@ Training (`SplitInput` with ``training=True``): shard *files* across
 pipelines when there are at least as many files as pipelines (no pipeline
 reads bytes another one discards); otherwise read everything in a fixed
 order and keep every n-th record (a logged warning: each pipeline then reads
-all the data). Files are read in parallel with a non-deterministic
-interleave (throughput over order; shuffling follows anyway), each reader
-passing on blocks of records; records are then optionally cached, shuffled, repeated, batched with ``drop_remainder=True``
-(TPUs need static shapes) and only then parsed: one vectorized
-``tf.io.parse_example`` per batch instead of one op per record.
+all the data). Files are read in parallel, each reader passing on blocks of
+records; records are then optionally cached, shuffled, repeated, batched
+with ``drop_remainder=True`` (TPUs need static shapes) and only then parsed:
+one vectorized ``tf.io.parse_example`` per batch instead of one op per
+record.
+
+Order. Without a seed the file interleave is non-deterministic (throughput
+over order; shuffling follows anyway). With a seed it is deterministic, so
+the stream of batches is a function of (seed, pipeline layout): epoch ``e``
+of the stream is always the same permutation. A run that resumes at global
+step ``s`` (``start_step``) then skips the batches the first ``s`` steps
+consumed and continues the very stream an uninterrupted run would have seen.
+The skip reads (but does not parse) the skipped records; there is no random
+access into a shuffled stream.
 
 Evaluation (``training=False``): every example exactly once. The last,
 partial batch is padded to the full per-replica size and the padding gets
@@ -202,6 +211,9 @@ class SplitInput:
         self.seed = seed
         self.keras = keras
         self.steps: Optional[int] = None
+        # Global steps already trained (a resumed run): training skips the
+        # batches they consumed when the order is seeded. Set by `distribute`.
+        self.start_step = 0
 
     def dataset_fn(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
         num_pipelines = input_context.num_input_pipelines
@@ -225,8 +237,9 @@ class SplitInput:
             ds = ds.shard(num_pipelines, pipeline_id)
         if self.training and by_file:
             ds = ds.shuffle(len(files), seed=self.seed, reshuffle_each_iteration=True)
-        # Record-level sharding needs the same order in every pipeline.
-        deterministic = not (self.training and by_file)
+        # Record-level sharding needs the same order in every pipeline; a
+        # seed asks for a reproducible order.
+        deterministic = not (self.training and by_file) or self.seed is not None
         # Each reader thread hands over blocks of records, not single ones:
         # passing every record between threads costs more than reading it.
         ds = ds.interleave(
@@ -244,6 +257,13 @@ class SplitInput:
                             reshuffle_each_iteration=True)
             ds = ds.repeat()
             ds = ds.batch(per_replica, drop_remainder=True)
+            if self.start_step and self.seed is not None:
+                # Each global step took one batch per replica of this pipeline.
+                consumed = self.start_step * (replicas // num_pipelines)
+                log.info("split %r: resuming the seeded input at step %d "
+                         "(skipping %d batches of %d)", self.split.name,
+                         self.start_step, consumed, per_replica)
+                ds = ds.skip(consumed)
             # Deterministic, so batches keep their order and every epoch's
             # examples come before the next epoch's (the shuffle + repeat
             # above guarantee that); the file interleave already absorbs
@@ -273,8 +293,17 @@ class SplitInput:
             ds = ds.repeat()
         return ds.prefetch(AUTOTUNE)
 
-    def distribute(self, strategy: tf.distribute.Strategy):
-        """``strategy.distribute_datasets_from_function(self.dataset_fn)``."""
+    def distribute(self, strategy: tf.distribute.Strategy, start_step: int = 0):
+        """``strategy.distribute_datasets_from_function(self.dataset_fn)``.
+
+        ``start_step``: global steps already trained (training input only).
+        With a seed the stream continues after the batches they consumed;
+        without one a resumed run draws a fresh shuffle.
+        """
+        self.start_step = start_step if self.training else 0
+        if self.start_step and self.seed is None:
+            log.info("split %r: resuming at step %d without --seed: a fresh shuffle",
+                     self.split.name, self.start_step)
         return strategy.distribute_datasets_from_function(self.dataset_fn)
 
 

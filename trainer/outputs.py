@@ -18,12 +18,15 @@ Layout::
 from __future__ import annotations
 
 import json
+import logging
 
 import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 
 from pipeline.contract import join_path
 from trainer import strategy as strategy_lib
+
+log = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"
 BACKUP = "backup"
@@ -38,6 +41,14 @@ def write_dir(model_dir: str, sub: str, strategy: tf.distribute.Strategy) -> str
         return join_path(model_dir, sub)
     resolver = strategy.cluster_resolver
     return join_path(model_dir, f"workertemp_{resolver.task_type}_{resolver.task_id}/{sub}")
+
+
+def log_write_dirs(model_dir: str, strategy: tf.distribute.Strategy) -> None:
+    """One INFO line saying where this worker's checkpoints and summaries go."""
+    role = "chief" if strategy_lib.is_chief(strategy) else "non-chief worker"
+    log.info("%s: checkpoints to %s, summaries to %s", role,
+             write_dir(model_dir, CHECKPOINTS, strategy),
+             write_dir(model_dir, LOGS, strategy))
 
 
 def discard_scratch(model_dir: str, strategy: tf.distribute.Strategy) -> None:

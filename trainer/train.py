@@ -18,6 +18,7 @@ from typing import Sequence
 
 import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
+import tf_keras
 
 from trainer import custom_loop, data, keras_loop, model as model_lib, outputs
 from trainer import strategy as strategy_lib
@@ -63,6 +64,10 @@ def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict
     if config.loop == "custom" and callbacks:
         raise TrainerError("Keras callbacks need --loop=keras")
 
+    if config.seed is not None:
+        # Initial weights (and Python/NumPy randomness); the input order is
+        # seeded in `trainer.data`.
+        tf_keras.utils.set_random_seed(config.seed)
     model_lib.set_precision(config.mixed_precision)
     tf.io.gfile.makedirs(config.model_dir)
     keras = config.loop == "keras"
@@ -79,7 +84,7 @@ def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict
                 steps_per_epoch=steps_per_epoch,
                 steps_per_execution=config.steps_per_execution,
                 jit_compile=config.jit_compile, verbose=config.verbose,
-                callbacks=callbacks)
+                checkpoint_every=config.checkpoint_every, callbacks=callbacks)
         else:
             metrics = custom_loop.run(
                 strategy=strategy, model_name=config.model,
@@ -90,7 +95,8 @@ def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict
                     global_batch_size=config.global_batch_size,
                     steps_per_execution=config.steps_per_execution,
                     log_every=config.log_every, jit_compile=config.jit_compile,
-                    keep_checkpoints=config.keep_checkpoints))
+                    keep_checkpoints=config.keep_checkpoints,
+                    checkpoint_every=config.checkpoint_every))
     except tf.errors.DataLossError as e:
         raise _corrupt_data_error(e, (train_files, test_files)) from None
     finally:
