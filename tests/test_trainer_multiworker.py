@@ -1,10 +1,18 @@
 """Two real worker processes under MultiWorkerMirroredStrategy on localhost.
 
-Checks what only several workers exercise: one input pipeline per worker
-(train files sharded between them, the one-file test split sharded by
-record with a warning), the exact evaluation across workers, and that only
-the chief's files stay in model_dir (the other worker writes to a scratch
-directory that it deletes).
+Checks what only several workers exercise:
+
+* the input each worker reads, through the strategy's own ``InputContext``
+  (``num_input_pipelines=2``, ``input_pipeline_id`` = the worker's index,
+  the same path a TPU Pod takes per host): over one epoch the two workers'
+  ``index`` values are disjoint and together are the whole split, both with
+  4 train shards (sharded by file) and with 1 shard (too few for 2 hosts:
+  sharded by record, with a warning), and the padded evaluation stream
+  covers the test split exactly once between them;
+* a training run with both loops: exact evaluation across workers, and only
+  the chief writes checkpoints and summaries into model_dir (its log says
+  so, every TensorBoard event file carries the chief's process id, and the
+  other worker's scratch directory is gone).
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ import os
 import socket
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -34,6 +43,112 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
+def run_workers(argv_for, timeout: int = 240) -> list[tuple[int, str, str, int]]:
+    """Starts two workers (TF_CONFIG on localhost); ``(rc, out, err, pid)`` each."""
+    cluster = {"worker": [f"localhost:{p}" for p in free_ports(2)]}
+    procs = []
+    for index in range(2):
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_CONFIG=json.dumps(
+            {"cluster": cluster, "task": {"type": "worker", "index": index}}))
+        procs.append(subprocess.Popen(
+            [sys.executable, *argv_for(index)], cwd=REPO, env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    results = []
+    for proc in procs:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            raise
+        results.append((proc.returncode, out, err, proc.pid))
+    return results
+
+
+# Each worker: the trainer's strategy and SplitInput, one epoch of its local
+# batches; prints the InputContext it was given and the indices it read.
+INSPECT = textwrap.dedent(r'''
+    import json, logging, sys
+    import trainer
+    from trainer import data, strategy as strategy_lib
+    from pipeline import contract
+
+    warnings = []
+    class Keep(logging.Handler):
+        def emit(self, record):
+            warnings.append(record.getMessage())
+    logging.getLogger("trainer.data").addHandler(Keep(logging.WARNING))
+
+    strategy = strategy_lib.make_strategy("multi_worker")
+    result = {"replicas": strategy.num_replicas_in_sync,
+              "chief": strategy_lib.is_chief(strategy)}
+    for name in sys.argv[1:]:
+        files = data.split_files(name, data.load_manifest(name), "train")
+        contexts = []
+        def dataset_fn(ctx, inp):
+            contexts.append([ctx.num_input_pipelines, ctx.input_pipeline_id])
+            return inp.dataset_fn(ctx)
+        # Global batch 2 on 2 replicas: one example per step per worker, so
+        # one epoch of this worker's pipeline is exactly its share of steps.
+        train = data.SplitInput(files, 2, training=True)
+        dist = strategy.distribute_datasets_from_function(lambda c: dataset_fn(c, train))
+        share = data.pipeline_example_counts(files.counts, 2)
+        it = iter(dist)
+        seen = []
+        for _ in range(max(share)):
+            for local in strategy.experimental_local_results(next(it)):
+                seen.extend(local[contract.INDEX_KEY].numpy().tolist())
+        test_files = data.split_files(name, data.load_manifest(name), "test")
+        test = data.SplitInput(test_files, 4, training=False)
+        dist = strategy.distribute_datasets_from_function(lambda c: dataset_fn(c, test))
+        it = iter(dist)
+        seen_test = []
+        for _ in range(test.steps):
+            for local in strategy.experimental_local_results(next(it)):
+                w = local[data.WEIGHT_KEY].numpy() > 0
+                seen_test.extend(local[contract.INDEX_KEY].numpy()[w].tolist())
+        result[name] = {"contexts": contexts, "share": share, "train": seen,
+                        "test": seen_test, "warnings": list(warnings)}
+        warnings.clear()
+    print("RESULT " + json.dumps(result))
+''')
+
+
+def test_two_workers_read_disjoint_shares_that_cover_the_split(tmp_path):
+    """4 shards (by file) and 1 shard (by record, warned) for 2 workers."""
+    many, one = str(tmp_path / "four"), str(tmp_path / "one")
+    trainer_data.write_dataset(many, num_train=60, num_test=13, train_shards=4,
+                               test_shards=2)
+    trainer_data.write_dataset(one, num_train=61, num_test=13, train_shards=1,
+                               test_shards=1)
+    results = run_workers(lambda i: ["-c", INSPECT, many, one])
+    workers = []
+    for rc, out, err, _ in results:
+        assert rc == 0, out[-2000:] + err[-4000:]
+        (line,) = [l for l in out.splitlines() if l.startswith("RESULT ")]
+        workers.append(json.loads(line[len("RESULT "):]))
+    assert [w["chief"] for w in workers] == [True, False]
+    assert all(w["replicas"] == 2 for w in workers)
+    for name, n, by_file in ((many, 60, True), (one, 61, False)):
+        for i, w in enumerate(workers):
+            r = w[name]
+            # The strategy gave worker i pipeline i of 2, for each split.
+            assert r["contexts"] == [[2, i], [2, i]]
+            # One epoch of each worker's own share; the longer share sets the
+            # step count, so the shorter worker starts its next epoch.
+            assert len(set(r["train"][:r["share"][i]])) == r["share"][i]
+            warned = [m for m in r["warnings"] if "sharding by record" in m]
+            assert bool(warned) == (not by_file), r["warnings"]
+        shares = [set(w[name]["train"][:w[name]["share"][i]]) for i, w in enumerate(workers)]
+        assert not shares[0] & shares[1]  # disjoint
+        assert shares[0] | shares[1] == set(range(n))  # complete
+        if by_file:  # whole files: shard k holds the indices i with i % 4 == k
+            assert shares[0] == {i for i in range(n) if i % 4 in (0, 2)}
+        tests = [w[name]["test"] for w in workers]
+        assert not set(tests[0]) & set(tests[1])
+        assert sorted(tests[0] + tests[1]) == list(range(13))
+
+
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory) -> str:
     out = str(tmp_path_factory.mktemp("multiworker") / "data")
@@ -45,33 +160,18 @@ def dataset(tmp_path_factory) -> str:
 @pytest.mark.parametrize("loop", ["keras", "custom"])
 def test_two_workers(dataset, tmp_path, loop):
     model_dir = str(tmp_path / "model")
-    cluster = {"worker": [f"localhost:{p}" for p in free_ports(2)]}
-    procs = []
-    for index in range(2):
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_CONFIG=json.dumps(
-            {"cluster": cluster, "task": {"type": "worker", "index": index}}))
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "trainer", f"--data={dataset}", f"--model_dir={model_dir}",
-             "--strategy=multi_worker", f"--loop={loop}", "--epochs=2",
-             "--global_batch_size=16", "--steps_per_execution=4", "--verbose=2",
-             "--log_every=8"],
-            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    results = []
-    for proc in procs:
-        try:
-            out, err = proc.communicate(timeout=240)
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            raise
-        results.append((proc.returncode, out, err))
-    for rc, out, err in results:
+    results = run_workers(lambda i: [
+        "-m", "trainer", f"--data={dataset}", f"--model_dir={model_dir}",
+        "--strategy=multi_worker", f"--loop={loop}", "--epochs=2",
+        "--global_batch_size=16", "--steps_per_execution=4", "--verbose=2",
+        "--log_every=8"])
+    for rc, out, err, _ in results:
         assert rc == 0, out[-2000:] + err[-4000:]
         assert "test_examples=37" in out
         assert "CollectiveAllReduceStrategy, 2 replica(s)" in out
         assert "split 'test': 1 file(s) for 2 input pipelines" in err
         assert "split 'train'" not in err  # 4 files: sharded by file
-    finals = [out.strip().splitlines()[-1] for _, out, _ in results]
+    finals = [out.strip().splitlines()[-1] for _, out, _, _ in results]
     assert finals[0] == finals[1]  # same model, same metrics on both workers
     metrics = outputs.read_metrics(model_dir)
     assert metrics["replicas"] == 2 and metrics["train_steps"] == 2 * 16
@@ -79,3 +179,18 @@ def test_two_workers(dataset, tmp_path, loop):
     names = os.listdir(model_dir)
     assert not [n for n in names if n.startswith("workertemp")], names
     assert {"export", "checkpoints", "logs", "metrics.json"} <= set(names)
+    # Only the chief writes into model_dir: what each worker says it does...
+    (_, _, chief_err, chief_pid), (_, _, other_err, other_pid) = results
+    assert (f"chief: checkpoints to {model_dir}/checkpoints, "
+            f"summaries to {model_dir}/logs") in chief_err
+    scratch = f"{model_dir}/workertemp_worker_1"
+    assert (f"non-chief worker: checkpoints to {scratch}/checkpoints, "
+            f"summaries to {scratch}/logs") in other_err
+    # ...and what is there: every event file is named after the chief's pid.
+    events = [f for _, _, fs in os.walk(f"{model_dir}/logs") for f in fs
+              if f.startswith("events.out.tfevents.")]
+    assert events and all(f".{chief_pid}." in f for f in events), (chief_pid, events)
+    assert not any(f".{other_pid}." in f for f in events)
+    checkpoints = os.listdir(f"{model_dir}/checkpoints")
+    assert any(n.endswith(".index") for n in checkpoints)
+    assert not [f for _, _, fs in os.walk(f"{model_dir}/backup") for f in fs]
