@@ -26,6 +26,7 @@ import textwrap
 
 import pytest
 
+from pipeline import contract
 from tests import trainer_data
 from tests.conftest import REPO
 from trainer import outputs
@@ -194,3 +195,24 @@ def test_two_workers(dataset, tmp_path, loop):
     checkpoints = os.listdir(f"{model_dir}/checkpoints")
     assert any(n.endswith(".index") for n in checkpoints)
     assert not [f for _, _, fs in os.walk(f"{model_dir}/backup") for f in fs]
+
+
+def test_corrupt_shard_on_one_worker_stops_both_with_clear_errors(tmp_path):
+    """Worker 1 reads a corrupt shard of its own: it names the file; worker 0,
+    left alone inside a collective, stops too (no hang) and says why."""
+    data_dir = str(tmp_path / "data")
+    trainer_data.write_dataset(data_dir, num_train=256, num_test=8, train_shards=4)
+    bad = f"{data_dir}/{contract.shard_filename('train', 1, 4)}"  # worker 1's file
+    trainer_data.corrupt(bad)
+    results = run_workers(lambda i: [
+        "-m", "trainer", f"--data={data_dir}", f"--model_dir={tmp_path}/model",
+        "--strategy=multi_worker", "--loop=custom", "--epochs=2",
+        "--global_batch_size=16", "--steps_per_execution=4"])
+    errors = []
+    for rc, out, err, _ in results:
+        assert rc == 1 and "Traceback" not in err, out[-2000:] + err[-4000:]
+        (line,) = [l for l in err.splitlines() if l.startswith("error: ")]
+        errors.append(line)
+    assert errors[1].startswith(f"error: {bad}: corrupt TFRecord data (corrupted record at ")
+    assert errors[0].startswith("error: another worker left during training (")
+

@@ -129,6 +129,11 @@ def make_strategy(kind: str = "auto", tpu: Optional[str] = None,
     return tf.distribute.get_strategy()
 
 
+def is_multi_worker(strategy: tf.distribute.Strategy) -> bool:
+    """Whether training spans several worker processes (collectives between them)."""
+    return bool(getattr(strategy.extended, "_in_multi_worker_mode", lambda: False)())
+
+
 def is_chief(strategy: tf.distribute.Strategy) -> bool:
     """Whether this task writes checkpoints and summaries (multi-worker aware).
 

@@ -8,7 +8,10 @@ same layout under ``model_dir`` (see `trainer.outputs`).
 Expected failures surface as `TrainerError` with one line naming the file or
 setting: among them a corrupt record, which TensorFlow reports as
 ``DataLossError: corrupted record at <offset>`` with no file name; the file
-is then found by reading the shards one at a time.
+is then found by reading the shards one at a time. Under multi-worker
+training the worker that read the bad shard says so and exits; the others'
+collectives then abort (the peer closed its connection) and they exit with
+a line pointing at the other worker, rather than waiting for it.
 """
 
 from __future__ import annotations
@@ -99,6 +102,15 @@ def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict
                     checkpoint_every=config.checkpoint_every))
     except tf.errors.DataLossError as e:
         raise _corrupt_data_error(e, (train_files, test_files)) from None
+    except (tf.errors.UnavailableError, tf.errors.AbortedError,
+            tf.errors.CancelledError) as e:
+        if not strategy_lib.is_multi_worker(strategy):
+            raise
+        # A peer that failed (e.g. on a corrupt shard of its own) closes its
+        # end; the collectives here abort instead of waiting for it forever.
+        raise TrainerError(
+            f"another worker left during training ({_collective_reason(e)}); "
+            "its own log names the cause") from None
     finally:
         model_lib.set_precision("none")
 
@@ -114,6 +126,14 @@ def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict
     }
     outputs.write_metrics(config.model_dir, metrics, strategy)
     return metrics
+
+
+def _collective_reason(error: tf.errors.OpError) -> str:
+    """The line of a collective-op error that says why it aborted."""
+    for line in (getattr(error, "message", None) or str(error)).splitlines():
+        if "aborted by" in line:
+            return line.strip()[:160]
+    return summarize_error(error)
 
 
 def _corrupt_data_error(error: tf.errors.DataLossError,
