@@ -66,20 +66,45 @@ def test_missing_manifest(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("loop", ["keras", "custom"])
-def test_corrupt_record_names_the_file(tmp_path, capsys, loop):
+@pytest.mark.parametrize("split,damage,reported", [
+    ("train", "flip", "corrupted record at "),  # a byte of a record's payload
+    ("train", "truncate", "truncated record at "),  # the last record cut short
+    ("test", "flip", "corrupted record at "),  # found by the evaluation
+])
+def test_corrupt_record_names_the_file(tmp_path, capsys, loop, split, damage, reported):
     out = str(tmp_path / "data")
-    trainer_data.write_dataset(out, num_train=128, num_test=8, train_shards=3)
-    bad = f"{out}/{contract.shard_filename('train', 1, 3)}"
-    trainer_data.corrupt(bad)
+    trainer_data.write_dataset(out, num_train=128, num_test=8, train_shards=3,
+                               test_shards=2)
+    bad = f"{out}/{contract.shard_filename(split, 1, 3 if split == 'train' else 2)}"
+    if damage == "flip":
+        trainer_data.corrupt(bad)
+    else:
+        os.truncate(bad, os.path.getsize(bad) - 100)
     rc = cli.main([f"--data={out}", f"--model_dir={tmp_path}/m", f"--loop={loop}",
                    "--epochs=1", "--global_batch_size=16", "--verbose=0"])
     assert rc == 1
     (line,) = error_lines(capsys.readouterr().err)
-    assert line.startswith(f"error: {bad}: corrupt TFRecord data (corrupted record at ")
+    assert line.startswith(f"error: {bad}: corrupt TFRecord data ({reported}")
+
+
+@pytest.mark.parametrize("loop", ["keras", "custom"])
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_missing_shard_names_the_file(tmp_path, capsys, loop, split):
+    out = str(tmp_path / "data")
+    trainer_data.write_dataset(out, num_train=32, num_test=8, train_shards=3, test_shards=2)
+    gone = f"{out}/{contract.shard_filename(split, 1, 3 if split == 'train' else 2)}"
+    os.remove(gone)
+    rc = cli.main([f"--data={out}", f"--model_dir={tmp_path}/m", f"--loop={loop}",
+                   "--epochs=1", "--global_batch_size=16", "--verbose=0"])
+    assert rc == 1
+    assert error_lines(capsys.readouterr().err) == [
+        f"error: {gone}: listed in manifest.json but missing"]
+    assert not os.path.exists(f"{tmp_path}/m")  # stopped before training
 
 
 @pytest.mark.parametrize("argv,message", [
     (["--epochs=0"], "--epochs must be >= 1, not 0"),
+    (["--checkpoint_every=-1"], "--checkpoint_every must be >= 0, not -1"),
     (["--cpu_replicas=2", "--jit_compile"], "--jit_compile does not work with --cpu_replicas > 1"),
     (["--cpu_replicas=2", "--strategy=tpu"], "--cpu_replicas works with --strategy=auto or mirrored"),
 ])

@@ -63,6 +63,36 @@ def test_one_pipeline_sees_every_example_once_per_epoch():
         assert 0.0 <= b[contract.IMAGE_KEY].min() and b[contract.IMAGE_KEY].max() <= 1.0
 
 
+@pytest.mark.parametrize("pipelines,replicas", [(1, 1), (1, 2), (2, 2)])
+def test_seeded_stream_is_reproducible_and_resumes_after_consumed_steps(pipelines,
+                                                                        replicas):
+    """A seed fixes the batch stream; ``start_step`` continues it where it was.
+
+    40 examples, global batch 8: an epoch is 5 global steps, so resuming at
+    step 7 has to cross a reshuffle. Each global step takes replicas/pipelines
+    batches from a pipeline.
+    """
+    files = split(ram_dir(), num_train=40, train_shards=4)
+    per_pipeline = replicas // pipelines
+    for i in range(pipelines):
+        ctx = context(pipelines, i, replicas)
+        full = indices(batches(data.SplitInput(files, 8, training=True, seed=5)
+                               .dataset_fn(ctx), 12 * per_pipeline))
+        again = indices(batches(data.SplitInput(files, 8, training=True, seed=5)
+                                .dataset_fn(ctx), 12 * per_pipeline))
+        assert full == again  # same seed, same order (file interleave included)
+        resumed = data.SplitInput(files, 8, training=True, seed=5)
+        resumed.start_step = 7
+        tail = indices(batches(resumed.dataset_fn(ctx), 5 * per_pipeline))
+        per_batch = 8 // replicas
+        assert tail == full[7 * per_pipeline * per_batch:]
+    other = indices(batches(data.SplitInput(files, 8, training=True, seed=6)
+                            .dataset_fn(context(1, 0, 1)), 5))
+    first = indices(batches(data.SplitInput(files, 8, training=True, seed=5)
+                            .dataset_fn(context(1, 0, 1)), 5))
+    assert sorted(other) == sorted(first) and other != first
+
+
 @pytest.mark.parametrize("num_files,pipelines", [(4, 2), (6, 3), (2, 3), (1, 2)])
 def test_pipelines_are_disjoint_and_complete(num_files, pipelines, caplog):
     n = 60
