@@ -10,7 +10,12 @@
    read from the files every epoch, and with ``--cache`` (after the first
    epoch, records come from memory).
 2. Keras: steps/s of ``fit`` with ``steps_per_execution=50`` ÷ with ``=1``,
-   small model. Bar: >= 1.3.
+   small model. Bar: >= 1.3. Measured as the trainer runs ``fit``
+   (`trainer.keras_loop`, default ``verbose=1``): with the progress bar
+   (written to /dev/null) and a TensorBoard callback. The progress bar reads
+   the metrics back to Python after every call, so at ``=1`` every step ends
+   with a host sync; a second line gives the same ratio with ``verbose=0``
+   (no per-step reads), for reference.
 3. Custom loop: steps/s of the multi-step ``tf.function`` (50 steps per call)
    ÷ the single-step one. Bar: >= 1.25.
 
@@ -29,6 +34,7 @@ are what transfers to other machines, not the absolute rates.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import tempfile
@@ -97,7 +103,13 @@ def linear_model() -> keras.Model:
 
 
 def keras_ratio(split: data.SplitFiles, batch: int, steps: int, repeats: int,
-                build=lambda: model_lib.build_model("small")) -> tuple[float, float]:
+                build=lambda: model_lib.build_model("small"),
+                verbose: int = 1) -> tuple[float, float]:
+    """fit spe=50 and spe=1 steps/s; ``verbose=1`` as the trainer runs fit.
+
+    With ``verbose=1`` the progress bar goes to /dev/null and a TensorBoard
+    callback (epoch summaries, as in `trainer.keras_loop`) is attached.
+    """
     strategy = tf.distribute.get_strategy()
     dist = data.SplitInput(split, batch, training=True, keras=True).distribute(strategy)
 
@@ -120,14 +132,22 @@ def keras_ratio(split: data.SplitFiles, batch: int, steps: int, repeats: int,
         return model
 
     m50, m1 = compiled(50), compiled(1)
+    logs = tempfile.mkdtemp(prefix="trainer-benchmark-tb-")
 
     def fit(model):
         def go():
-            model.fit(dist, epochs=1, steps_per_epoch=steps, verbose=0,
-                      callbacks=[EpochTimer()])
+            callbacks = [EpochTimer()]
+            if verbose:
+                callbacks.append(keras.callbacks.TensorBoard(logs, profile_batch=0))
+            with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
+                model.fit(dist, epochs=1, steps_per_epoch=steps, verbose=verbose,
+                          callbacks=callbacks)
             return steps / EpochTimer.seconds
         return go
-    return best_of(repeats, fit(m50), fit(m1))
+    try:
+        return best_of(repeats, fit(m50), fit(m1))
+    finally:
+        tf.io.gfile.rmtree(logs)
 
 
 def custom_ratio(split: data.SplitFiles, batch: int, steps: int,
@@ -182,8 +202,13 @@ def main() -> int:
         results["input_cached"] = (shards, arrays, "examples/s",
                                    "TFRecord shards, --cache", "from_tensor_slices")
         s50, s1 = keras_ratio(split, args.batch, args.steps, args.repeats)
-        results["keras"] = (s50, s1, "steps/s", "fit steps_per_execution=50", "=1")
-        s50, s1 = keras_ratio(split, args.batch, args.steps, args.repeats, linear_model)
+        results["keras"] = (s50, s1, "steps/s",
+                            "fit (progress bar) steps_per_execution=50", "=1")
+        s50, s1 = keras_ratio(split, args.batch, args.steps, args.repeats, verbose=0)
+        results["keras_quiet"] = (s50, s1, "steps/s",
+                                  "reference, fit verbose=0: spe=50", "=1")
+        s50, s1 = keras_ratio(split, args.batch, args.steps, args.repeats, linear_model,
+                              verbose=0)
         results["keras_linear"] = (s50, s1, "steps/s",
                                    "reference, linear model: fit spe=50", "=1")
         multi, single = custom_ratio(split, args.batch, args.steps, args.repeats)
@@ -202,6 +227,20 @@ def main() -> int:
     print(f"steps_per_execution saves ~{1000 / s1 - 1000 / s50:.2f} ms per step here "
           f"(linear model); a small-model step takes "
           f"{1000 / results['keras'][0]:.2f} ms even at steps_per_execution=50")
+    for key in ("keras", "custom"):
+        a, b = results[key][:2]
+        if a / b < BARS[key]:
+            saved, step = 1000 / b - 1000 / a, 1000 / a
+            print(f"{key}: bar missed because multi-step execution only removes the "
+                  f"per-step cost outside the graph ({saved:.2f} ms here), while the "
+                  f"small CNN's step itself takes {step:.2f} ms on {os.cpu_count()} CPU "
+                  f"core(s); the bar needs that cost to be >= "
+                  f"{(BARS[key] - 1) * 100:.0f}% of the step "
+                  f"(>= {(BARS[key] - 1) * step:.2f} ms)")
+    if results["input"][0] / results["input"][1] < BARS["input"]:
+        print("input: bar missed; the TFRecord side does what from_tensor_slices does "
+              "plus reading, un-blocking and parsing every record "
+              "(tf.io.parse_example), on the same CPU cores")
     return 0 if ok else 1
 
 
