@@ -12,6 +12,7 @@
 #   DATA       where the pipeline writes shards          (default: out/mnist)
 #   MODEL_DIR  checkpoints, TensorBoard logs, export     (default: runs/local-$LOOP)
 #   LOOP       keras | custom                            (default: keras)
+#   EPOCHS     training epochs over the 4,000 train digits (default: 8)
 #   RESUME=1   keep MODEL_DIR and continue from its checkpoint; by default the
 #              demo starts from scratch so reruns give comparable numbers.
 set -euo pipefail
@@ -21,6 +22,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # shellcheck source=scripts/bootstrap.sh
 source scripts/bootstrap.sh
 LOOP="${LOOP:-keras}"
+EPOCHS="${EPOCHS:-8}"
 DATA="${DATA:-out/mnist}"
 MODEL_DIR="${MODEL_DIR:-runs/local-${LOOP}}"
 
@@ -42,4 +44,4 @@ echo "== pipeline: offline sample -> $DATA" >&2
 
 echo "== trainer: $DATA -> $MODEL_DIR (loop=$LOOP)" >&2
 "$PYTHON" -m trainer --data="$DATA" --model_dir="$MODEL_DIR" \
-  --model=small --loop="$LOOP" "$@"
+  --model=small --loop="$LOOP" --epochs="$EPOCHS" "$@"

@@ -507,7 +507,7 @@ def test_run_local_runs_pipeline_then_trainer(tmp_path, loop):
         "--runner=DirectRunner", "--overwrite"]
     assert calls[1].split() == [
         "-m", "trainer", f"--data={data}", f"--model_dir={model}",
-        "--model=small", f"--loop={loop}", "--epochs=1"]
+        "--model=small", f"--loop={loop}", "--epochs=8", "--epochs=1"]
     assert not model.exists()  # a fresh run unless RESUME=1
 
 
