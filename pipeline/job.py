@@ -146,6 +146,8 @@ def _as_pipeline_error(error: Exception, layout: OutputLayout) -> PipelineError 
         return PipelineInputError(text.split(marker, 1)[1].splitlines()[0])
     failure = next((f for f in _STORAGE_FAILURES
                     if f in text or f == type(error).__name__), None)
+    if failure is None and isinstance(error, OSError):
+        failure = type(error).__name__
     if failure:
         first_line = text.strip().splitlines()[0] if text.strip() else type(error).__name__
         return StorageError(f"{layout.output}: storage failed during the run "

@@ -15,6 +15,7 @@ import uuid
 import pytest
 
 from pipeline import contract, job
+from pipeline.errors import StorageError
 from pipeline.verify import main as verify_main
 from pipeline.verify import verify
 from tests.conftest import EMULATOR_BUCKET, REPO, GcsEmulator, free_port
@@ -139,3 +140,28 @@ def test_storage_dies_mid_job_then_rerun_completes(tmp_path):
         assert contract.MANIFEST_FILE in names()
     finally:
         emulator.stop()
+
+
+@pytest.mark.parametrize("failing", ["mnist-train.tfrecord", "dataset_info.json",
+                                     contract.MANIFEST_FILE])
+def test_crash_while_finalizing_never_publishes_a_manifest(tmp_path, idx_dir,
+                                                           monkeypatch, failing):
+    """Finalize dies at any of its moves: readers must see no dataset."""
+    from pipeline import output
+    out = tmp_path / "out"
+    job.run([f"--source={idx_dir}", f"--output={out}", "--min_shards=2"])
+    real_rename = output.storage.rename
+
+    def rename(sources, destinations):
+        if any(failing in d for d in destinations):
+            raise OSError("disk went away")
+        real_rename(sources, destinations)
+
+    monkeypatch.setattr(output.storage, "rename", rename)
+    with pytest.raises(StorageError, match="disk went away.*no complete dataset"):
+        job.run([f"--source={idx_dir}", f"--output={out}", "--overwrite"])
+    assert not (out / contract.MANIFEST_FILE).exists()
+    assert verify_main([str(out)]) == 1  # "manifest.json: missing"
+    monkeypatch.setattr(output.storage, "rename", real_rename)
+    manifest = job.run([f"--source={idx_dir}", f"--output={out}", "--overwrite"])
+    assert verify(str(out)) == manifest
