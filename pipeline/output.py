@@ -57,7 +57,7 @@ def prepare_output(output: str, run_id: str, overwrite: bool) -> OutputLayout:
     try:
         storage.make_dirs(output)
         names = _top_level_names(output)
-    except (OSError, IOError) as e:
+    except OSError as e:
         raise PipelineInputError(f"{output}: output is not writable ({e})") from None
     existing = sorted(n for n in names if _is_dataset_file(n))
     if existing and not overwrite:
@@ -75,7 +75,7 @@ def prepare_output(output: str, run_id: str, overwrite: bool) -> OutputLayout:
         storage.make_dirs(layout.temp_dir)
         storage.write_bytes(probe, b"")
         storage.delete([probe])
-    except (OSError, IOError) as e:
+    except OSError as e:
         raise PipelineInputError(f"{output}: output is not writable ({e})") from None
     return layout
 
@@ -108,13 +108,13 @@ def finalize(layout: OutputLayout, conv, source_description: str,
              ) -> contract.Manifest:
     """Moves the shards into place and writes metadata, the manifest last."""
     manifest = build_manifest(_read_shard_list(layout), conv, source_description)
-    new_shards = [s.file for split in manifest.splits.values() for s in split.shards]
-    for name in new_shards:
-        size = storage.size_of(contract.join_path(layout.temp_dir, name))
-        expected = next(s.num_bytes for split in manifest.splits.values()
-                        for s in split.shards if s.file == name)
-        if size != expected:
-            raise RuntimeError(f"{name}: temp file has {size} bytes, expected {expected}")
+    shards = [s for split in manifest.splits.values() for s in split.shards]
+    new_shards = [s.file for s in shards]
+    for shard in shards:
+        size = storage.size_of(contract.join_path(layout.temp_dir, shard.file))
+        if size != shard.num_bytes:
+            raise RuntimeError(f"{shard.file}: temp file has {size} bytes, "
+                               f"expected {shard.num_bytes}")
     metadata = {contract.MANIFEST_FILE: manifest.to_json().encode()}
     if conv.compression == "none":
         metadata.update(tfds_files(manifest))

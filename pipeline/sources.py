@@ -81,7 +81,7 @@ class IdxSource(Source):
             return fetch(path, self.cache_dir)
         try:
             return storage.read_bytes(path)
-        except (FileNotFoundError, IOError) as e:
+        except OSError as e:
             raise PipelineInputError(f"{path}: cannot read source file ({e})") from None
 
     def check(self) -> None:
