@@ -29,7 +29,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pipeline import contract, idx  # noqa: E402
+import mnist_contract as contract
+
+from pipeline import idx  # noqa: E402
 from pipeline.sources import SampleSource  # noqa: E402
 
 RECORD_BYTES = 856  # a raw-format synthetic record with its TFRecord framing

@@ -14,7 +14,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import tensorflow as tf  # noqa: E402
 
-from pipeline import idx, records  # noqa: E402
+from mnist_contract import examples
+from pipeline import idx  # noqa: E402
 
 
 def main() -> None:
@@ -32,7 +33,8 @@ def main() -> None:
         out = os.path.join(args.output, f"mnist-{split}.tfrecord")
         with tf.io.TFRecordWriter(out) as writer:
             for index, (image, label) in enumerate(zip(images, labels)):
-                writer.write(records.encode_example(image, int(label), index, "raw"))
+                writer.write(examples.encode_example(
+                    {"image": image, "label": int(label), "index": index}, "raw"))
 
 
 if __name__ == "__main__":

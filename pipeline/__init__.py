@@ -1,5 +1,5 @@
 """MNIST → sharded TFRecords, as an Apache Beam job.
 
-Importing this package is cheap and pulls in no Beam: the trainer imports
-`pipeline.contract`. The job itself lives in `pipeline.job`.
+The data contract it writes lives in the neutral `mnist_contract` package,
+which the trainer imports too. The job itself lives in `pipeline.job`.
 """

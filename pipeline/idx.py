@@ -13,7 +13,7 @@ import zlib
 
 import numpy as np
 
-from pipeline import contract
+import mnist_contract as contract
 from pipeline.errors import PipelineInputError
 
 UBYTE_TYPE = 0x08

@@ -18,7 +18,9 @@ from apache_beam.options.pipeline_options import (GoogleCloudOptions,
                                                   PipelineOptions,
                                                   StandardOptions)
 
-from pipeline import contract, storage, transforms
+import mnist_contract as contract
+
+from pipeline import storage, transforms
 from pipeline.errors import PipelineError, PipelineInputError, StorageError
 from pipeline.metadata import tfds_metadata_files
 from pipeline.options import ConvertOptions

@@ -13,23 +13,24 @@ import tempfile
 
 import numpy as np
 
-from pipeline import contract
+import mnist_contract as contract
 
 
 def tfds_features(image_format: str):
+    """TFDS's FeaturesDict for `mnist_contract.spec.FEATURES`, feature by feature."""
     import tensorflow_datasets as tfds
-    if image_format == "png":
-        image = tfds.features.Image(shape=contract.IMAGE_SHAPE,
-                                    encoding_format="png")
-    else:
-        image = tfds.features.Tensor(shape=contract.IMAGE_SHAPE, dtype=np.uint8,
-                                     encoding=tfds.features.Encoding.BYTES)
-    return tfds.features.FeaturesDict({
-        contract.IMAGE_KEY: image,
-        contract.LABEL_KEY: tfds.features.ClassLabel(
-            num_classes=contract.NUM_CLASSES),
-        contract.INDEX_KEY: tfds.features.Scalar(dtype=np.int64),
-    })
+    features = {}
+    for f in contract.FEATURES:
+        if f.image and image_format == "png":
+            features[f.name] = tfds.features.Image(shape=f.shape, encoding_format="png")
+        elif f.image:
+            features[f.name] = tfds.features.Tensor(
+                shape=f.shape, dtype=np.dtype(f.dtype), encoding=tfds.features.Encoding.BYTES)
+        elif f.num_classes is not None:
+            features[f.name] = tfds.features.ClassLabel(num_classes=f.num_classes)
+        else:
+            features[f.name] = tfds.features.Scalar(dtype=np.dtype(f.dtype))
+    return tfds.features.FeaturesDict(features)
 
 
 def tfds_metadata_files(manifest: contract.Manifest, output: str,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipeline import contract
+import mnist_contract as contract
 
 MB = 1_000_000
 

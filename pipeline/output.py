@@ -12,7 +12,9 @@ import json
 import logging
 from typing import Callable
 
-from pipeline import contract, storage
+import mnist_contract as contract
+
+from pipeline import storage
 from pipeline.errors import PipelineInputError
 
 TEMP_PREFIX = ".incomplete-"

@@ -11,7 +11,6 @@ flat however large the dataset or the shard.
 from __future__ import annotations
 
 import hashlib
-import struct
 import zlib
 from typing import Iterator
 
@@ -19,6 +18,7 @@ import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
+from mnist_contract import framing
 from pipeline import records
 
 KEY_BYTES = 16
@@ -48,7 +48,7 @@ class ShardFileWriter:
             self.num_bytes += len(data)
 
     def write(self, example: bytes) -> None:
-        framed = records.frame_record(example)
+        framed = framing.frame_record(example)
         self._pending.append(framed)
         self._pending_bytes += len(framed)
         self.num_examples += 1
@@ -75,7 +75,7 @@ def encode_spill(keyed_examples: list[tuple[bytes, bytes]], bucket_bits: int):
     ``sizes`` are the bytes each bucket's records will take in a shard.
     """
     keyed_examples.sort(key=lambda kv: kv[0])
-    chunks = [records.frame_record(key + example) for key, example in keyed_examples]
+    chunks = [framing.frame_record(key + example) for key, example in keyed_examples]
     lengths = np.fromiter((len(c) for c in chunks), np.int64, len(chunks))
     ends = np.cumsum(lengths)
     buckets = np.fromiter((records.bucket_of(k, bucket_bits) for k, _ in keyed_examples),
@@ -94,26 +94,10 @@ def iter_spill_range(path: str, start: int, end: int,
     with FileSystems.open(path, mime_type=_MIME,
                           compression_type=CompressionTypes.UNCOMPRESSED) as f:
         f.seek(start)
-        remaining = end - start
-        buffer = b""
-        while remaining or buffer:
-            if remaining:
-                piece = f.read(min(chunk_bytes, remaining))
-                if not piece:
-                    raise IOError(f"{path}: spill file ends before byte {end}")
-                remaining -= len(piece)
-                buffer += piece
-            offset = 0
-            while len(buffer) - offset >= 12:
-                (length,) = struct.unpack_from("<Q", buffer, offset)
-                stop = offset + 12 + length + 4
-                if stop > len(buffer):
-                    break
-                payload = buffer[offset + 12:offset + 12 + length]
-                if struct.unpack_from("<I", buffer, stop - 4)[0] != records.masked_crc(payload):
-                    raise IOError(f"{path}: bad CRC in spill record at byte {start + offset}")
+        try:
+            for payload in framing.iter_records(f, path, limit=end - start,
+                                                start_offset=start,
+                                                chunk_bytes=chunk_bytes):
                 yield payload[:KEY_BYTES], payload[KEY_BYTES:]
-                offset = stop
-            buffer = buffer[offset:]
-            if not remaining and buffer:
-                raise IOError(f"{path}: truncated spill record before byte {end}")
+        except framing.FramingError as e:
+            raise IOError(f"spill file damaged: {e}") from None

@@ -14,7 +14,9 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from pipeline import contract, idx, storage
+import mnist_contract as contract
+
+from pipeline import idx, storage
 from pipeline.download import DEFAULT_MIRROR, fetch
 from pipeline.errors import PipelineInputError
 

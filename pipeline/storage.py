@@ -14,7 +14,7 @@ from typing import Iterable
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
-from pipeline.contract import join_path
+from mnist_contract import join_path
 
 _MIME = "application/octet-stream"
 
@@ -39,6 +39,12 @@ def read_bytes(path: str) -> bytes:
     with FileSystems.open(path, mime_type=_MIME,
                           compression_type=CompressionTypes.UNCOMPRESSED) as f:
         return f.read()
+
+
+def open_read(path: str):
+    """A binary stream over ``path`` (local or gs://), read as stored (no decompression)."""
+    return FileSystems.open(path, mime_type=_MIME,
+                            compression_type=CompressionTypes.UNCOMPRESSED)
 
 
 def write_bytes(path: str, data: bytes) -> None:

@@ -33,7 +33,10 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics.metric import Metrics
 
-from pipeline import contract, records, sharding, storage
+import mnist_contract as contract
+from mnist_contract import examples, framing
+
+from pipeline import records, sharding, storage
 from pipeline.shard_io import ShardFileWriter, encode_spill, iter_spill_range
 
 COUNTER_NAMESPACE = "mnist_pipeline"
@@ -72,8 +75,9 @@ class _SourceFn(beam.DoFn):
         for batch in self._source.read(split, task):
             for index, image, label in zip(batch.indices, batch.images, batch.labels):
                 yield (records.shuffle_key(self._salt, split, int(index)),
-                       records.encode_example(image, int(label), int(index),
-                                              self._image_format))
+                       examples.encode_example(
+                           {contract.IMAGE_KEY: image, contract.LABEL_KEY: int(label),
+                            contract.INDEX_KEY: int(index)}, self._image_format))
             read.inc(len(batch.indices))
 
 
@@ -198,7 +202,7 @@ def build(p: beam.Pipeline, source, splits, *, image_format: str, compression: s
     else:
         examples = read | "ReadAndEncode" >> beam.ParDo(ReadAndEncodeFn(*source_args))
         bucket_sizes = examples | "BucketSizes" >> beam.Map(
-            lambda kv: (kv[0], (1, len(kv[1][1]) + records.RECORD_OVERHEAD)))
+            lambda kv: (kv[0], (1, len(kv[1][1]) + framing.RECORD_OVERHEAD)))
 
     plans = beam.pvalue.AsSingleton(
         bucket_sizes

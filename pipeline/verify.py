@@ -16,8 +16,12 @@ import gzip
 import hashlib
 import sys
 import zlib
+from typing import BinaryIO
 
-from pipeline import contract, records, storage
+import mnist_contract as contract
+
+from mnist_contract import examples, framing
+from pipeline import storage
 
 
 class VerificationError(Exception):
@@ -31,7 +35,7 @@ def verify(output: str) -> contract.Manifest:
         raise VerificationError(f"{manifest_path}: missing (no complete dataset here)")
     try:
         manifest = contract.Manifest.from_json(
-            storage.read_bytes(manifest_path).decode(), manifest_path)
+            storage.read_bytes(manifest_path), manifest_path)
     except contract.ContractError as e:
         raise VerificationError(str(e)) from None
     listed = set()
@@ -57,38 +61,64 @@ def verify(output: str) -> contract.Manifest:
     return manifest
 
 
+class _HashingReader:
+    """Passes a stream's bytes on while counting and hashing them as stored."""
+
+    def __init__(self, stream: BinaryIO):
+        self._stream = stream
+        self.sha256 = hashlib.sha256()
+        self.num_bytes = 0
+
+    def read(self, size: int = -1) -> bytes:
+        data = self._stream.read(size)
+        self.sha256.update(data)
+        self.num_bytes += len(data)
+        return data
+
+
 def _verify_shard(path: str, shard: contract.ShardInfo,
                   manifest: contract.Manifest) -> list[int]:
+    """Streams one shard: records decoded one by one, size and sha256 at the end."""
     if not storage.exists(path):
         raise VerificationError(f"{path}: listed in the manifest but missing")
-    data = storage.read_bytes(path)
-    if len(data) != shard.num_bytes:
-        raise VerificationError(
-            f"{path}: {len(data)} bytes, manifest says {shard.num_bytes}")
-    if hashlib.sha256(data).hexdigest() != shard.sha256:
-        raise VerificationError(f"{path}: sha256 does not match the manifest")
-    if manifest.compression == "gzip":
-        try:
-            data = gzip.decompress(data)
-        except (EOFError, OSError, zlib.error) as e:
-            raise VerificationError(f"{path}: corrupt gzip ({e})") from None
     indices = []
-    try:
-        for record in records.iter_framed_records(data, path):
-            try:
-                _, label, index = records.decode_example(record, manifest.image_format)
-            except Exception as e:  # any decode failure is a bad record
-                raise VerificationError(
-                    f"{path}: record {len(indices)} does not decode ({e})") from None
-            if not 0 <= label < contract.NUM_CLASSES:
-                raise VerificationError(f"{path}: record {len(indices)} has label {label}")
-            indices.append(index)
-    except ValueError as e:
-        raise VerificationError(str(e)) from None
+    with storage.open_read(path) as stored:
+        hashed = _HashingReader(stored)
+        stream = (gzip.GzipFile(fileobj=hashed, mode="rb")
+                  if manifest.compression == "gzip" else hashed)
+        try:
+            for record in framing.iter_records(stream, path):
+                try:
+                    values = examples.decode_example(record, manifest.image_format)
+                except Exception as e:  # any decode failure is a bad record
+                    raise VerificationError(
+                        f"{path}: record {len(indices)} does not decode ({e})") from None
+                indices.append(values[contract.INDEX_KEY])
+        except framing.FramingError as e:
+            problem = _size_or_hash_problem(path, hashed, shard)
+            raise VerificationError(problem or str(e)) from None
+        except (EOFError, OSError, zlib.error) as e:
+            problem = _size_or_hash_problem(path, hashed, shard)
+            raise VerificationError(problem or f"{path}: corrupt gzip ({e})") from None
+        problem = _size_or_hash_problem(path, hashed, shard)
+    if problem:
+        raise VerificationError(problem)
     if len(indices) != shard.num_examples:
         raise VerificationError(
             f"{path}: {len(indices)} records, manifest says {shard.num_examples}")
     return indices
+
+
+def _size_or_hash_problem(path: str, hashed: _HashingReader,
+                          shard: contract.ShardInfo) -> str:
+    """Size and checksum against the manifest, once the whole file has been read."""
+    while hashed.read(1 << 20):
+        pass
+    if hashed.num_bytes != shard.num_bytes:
+        return f"{path}: {hashed.num_bytes} bytes, manifest says {shard.num_bytes}"
+    if hashed.sha256.hexdigest() != shard.sha256:
+        return f"{path}: sha256 does not match the manifest"
+    return ""
 
 
 def main(argv=None) -> int:

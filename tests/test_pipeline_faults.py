@@ -14,7 +14,9 @@ import uuid
 
 import pytest
 
-from pipeline import contract, job
+import mnist_contract as contract
+
+from pipeline import job
 from pipeline.errors import StorageError
 from pipeline.verify import main as verify_main
 from pipeline.verify import verify

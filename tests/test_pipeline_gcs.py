@@ -1,13 +1,17 @@
 """The job writing straight into a bucket of a real local GCS API server."""
 
 import hashlib
+import io
 import json
 import uuid
 
 import numpy as np
 import pytest
 
-from pipeline import contract, job, records
+import mnist_contract as contract
+from mnist_contract import examples, framing
+
+from pipeline import job
 from pipeline.errors import PipelineInputError
 from tests.conftest import EMULATOR_BUCKET
 
@@ -32,8 +36,9 @@ def test_job_writes_into_gcs_bucket(gcs_emulator, idx_dir, digits):
         for shard in stored.split(split).shards:
             data = files[shard.file]
             assert hashlib.sha256(data).hexdigest() == shard.sha256
-            for record in records.iter_framed_records(data, shard.file):
-                image, label, index = records.decode_example(record, "raw")
+            for record in framing.iter_records(io.BytesIO(data), shard.file):
+                values = examples.decode_example(record, "raw")
+                image, label, index = (values[k] for k in contract.FEATURE_NAMES)
                 assert index not in seen
                 seen[index] = (image, label)
         assert sorted(seen) == list(range(len(labels)))

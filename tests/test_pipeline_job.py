@@ -12,7 +12,10 @@ import pytest
 import tensorflow as tf
 from apache_beam.testing.util import assert_that, equal_to
 
-from pipeline import contract, idx, job, records
+import mnist_contract as contract
+from mnist_contract import examples
+
+from pipeline import idx, job
 from pipeline.__main__ import main
 from pipeline.errors import PipelineInputError
 from tests.conftest import REPO, write_idx_split
@@ -27,9 +30,8 @@ def read_split(output, manifest, split):
     """(images, labels, indices) of a split, read with tf.data in file order."""
     files = [contract.join_path(str(output), f) for f in manifest.split(split).files]
     ds = tf.data.TFRecordDataset(files, compression_type=manifest.tf_compression_type)
-    decoded = [records.decode_example(r.numpy(), manifest.image_format) for r in ds]
-    return (np.stack([d[0] for d in decoded]), np.array([d[1] for d in decoded]),
-            np.array([d[2] for d in decoded]))
+    decoded = [examples.decode_example(r.numpy(), manifest.image_format) for r in ds]
+    return tuple(np.array([d[k] for d in decoded]) for k in contract.FEATURE_NAMES)
 
 
 def snapshot(folder):
@@ -67,7 +69,7 @@ def test_beam_reads_it_back_and_tfds_opens_it(tmp_path, idx_dir, digits):
     run_job(idx_dir, out, "--min_shards=3")
     with beam.Pipeline("DirectRunner") as p:
         labels = (p | beam.io.ReadFromTFRecord(str(out / "mnist-test.tfrecord-*"))
-                  | beam.Map(lambda r: records.decode_example(r, "raw")[1]))
+                  | beam.Map(lambda r: examples.decode_example(r, "raw")[contract.LABEL_KEY]))
         assert_that(labels, equal_to(digits["test"][1].tolist()))
     import tensorflow_datasets as tfds
     builder = tfds.builder_from_directory(str(out))

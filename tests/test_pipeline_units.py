@@ -8,7 +8,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from pipeline import contract, idx, records, sharding, sources
+import mnist_contract as contract
+from mnist_contract import framing
+
+from pipeline import idx, records, sharding, sources
 from pipeline.download import fetch
 from pipeline.errors import PipelineInputError
 
@@ -56,49 +59,7 @@ def test_check_split_problems():
         idx.check_split(np.zeros((3, 28, 27), np.uint8), np.zeros(3, np.uint8), "i", "l")
 
 
-# --- Records ---------------------------------------------------------------
-
-@pytest.mark.parametrize("image_format", contract.IMAGE_FORMATS)
-def test_example_round_trip(image_format):
-    image = np.random.default_rng(0).integers(0, 256, (28, 28), dtype=np.uint8)
-    serialized = records.encode_example(image, 7, 1234, image_format)
-    decoded_image, label, index = records.decode_example(serialized, image_format)
-    np.testing.assert_array_equal(decoded_image, image)
-    assert (label, index) == (7, 1234)
-    # TensorFlow reads the same features under the contract's names.
-    parsed = tf.io.parse_single_example(serialized, {
-        contract.IMAGE_KEY: tf.io.FixedLenFeature([], tf.string),
-        contract.LABEL_KEY: tf.io.FixedLenFeature([], tf.int64),
-        contract.INDEX_KEY: tf.io.FixedLenFeature([], tf.int64)})
-    assert int(parsed[contract.LABEL_KEY]) == 7
-
-
-def test_example_encoding_is_deterministic():
-    image = np.full((28, 28), 3, np.uint8)
-    assert (records.encode_example(image, 1, 2, "raw")
-            == records.encode_example(image.copy(), 1, 2, "raw"))
-
-
-def test_frame_record_matches_tf_writer(tmp_path):
-    payloads = [b"", b"a", bytes(range(256)) * 5]
-    path = str(tmp_path / "x.tfrecord")
-    with tf.io.TFRecordWriter(path) as writer:
-        for p in payloads:
-            writer.write(p)
-    ours = b"".join(records.frame_record(p) for p in payloads)
-    assert ours == (tmp_path / "x.tfrecord").read_bytes()
-    assert list(records.iter_framed_records(ours, "x")) == payloads
-
-
-def test_iter_framed_records_detects_damage():
-    framed = records.frame_record(b"hello") + records.frame_record(b"world")
-    damaged = bytearray(framed)
-    damaged[14] ^= 0xFF
-    with pytest.raises(ValueError, match="x: bad data CRC"):
-        list(records.iter_framed_records(bytes(damaged), "x"))
-    with pytest.raises(ValueError, match="x: truncated"):
-        list(records.iter_framed_records(framed[:-3], "x"))
-
+# --- Records (encoding and framing: tests/test_contract.py) ------------------
 
 def test_shuffle_key_is_stable_and_salted():
     assert records.shuffle_key("s", "train", 5) == records.shuffle_key("s", "train", 5)
@@ -163,7 +124,7 @@ def _manifest(shards):
 
 
 def test_manifest_round_trip_and_validation():
-    shards = [contract.ShardInfo(contract.shard_filename("train", i, 2), 5, 100, "ab")
+    shards = [contract.ShardInfo(contract.shard_filename("train", i, 2), 5, 5000, "ab" * 32)
               for i in range(2)]
     manifest = _manifest(shards)
     parsed = contract.Manifest.from_json(manifest.to_json())
@@ -236,7 +197,7 @@ def test_spill_ranges_merge_back_in_key_order(tmp_path):
     path = tmp_path / "spill"
     path.write_bytes(data)
     assert counts.sum() == 500 and list(ids) == sorted(ids)
-    assert sizes.sum() == sum(len(e) + records.RECORD_OVERHEAD for _, e in keyed)
+    assert sizes.sum() == sum(len(e) + framing.RECORD_OVERHEAD for _, e in keyed)
     expected = sorted(keyed)
     got = []
     for bucket, start, end in zip(ids, starts, ends):  # each bucket is one byte range
@@ -247,5 +208,5 @@ def test_spill_ranges_merge_back_in_key_order(tmp_path):
     damaged = bytearray(data)
     damaged[40] ^= 1
     path.write_bytes(bytes(damaged))
-    with pytest.raises(IOError, match="bad CRC"):
+    with pytest.raises(IOError, match="spill file damaged: .*bad (data|length) CRC"):
         list(iter_spill_range(str(path), 0, len(data), chunk_bytes=1 << 16))

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from pipeline import contract
+import mnist_contract as contract
 from tests import trainer_data
 from tests.conftest import REPO
 from trainer import __main__ as cli

@@ -34,7 +34,7 @@ SCRIPT = textwrap.dedent(r'''
     import numpy as np
     import tensorflow as tf
     import tf_keras as keras
-    from pipeline.contract import join_path
+    from mnist_contract import join_path
     from tests import trainer_data
     from trainer import outputs
     from trainer.config import TrainConfig

@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 from tests import trainer_data
-from pipeline import contract
+import mnist_contract as contract
 from trainer import data
 from trainer.config import TrainerError
 
@@ -209,7 +209,7 @@ def test_malformed_manifest():
     trainer_data.write_dataset(out)
     tf.io.gfile.remove(f"{out}/manifest.json")  # ram:// "w" does not truncate
     with tf.io.gfile.GFile(f"{out}/manifest.json", "w") as f:
-        f.write('{"format_version": 1, "image_format": "jpeg"}')
+        f.write('{"format_version": 1, "dataset": "mnist", "image_format": "jpeg"}')
     with pytest.raises(TrainerError, match=r"manifest\.json: unknown image_format 'jpeg'"):
         data.load_manifest(out)
 

@@ -26,7 +26,7 @@ import textwrap
 
 import pytest
 
-from pipeline import contract
+import mnist_contract as contract
 from tests import trainer_data
 from tests.conftest import REPO
 from trainer import outputs
@@ -72,7 +72,7 @@ INSPECT = textwrap.dedent(r'''
     import json, logging, sys
     import trainer
     from trainer import data, strategy as strategy_lib
-    from pipeline import contract
+    import mnist_contract as contract
 
     warnings = []
     class Keep(logging.Handler):

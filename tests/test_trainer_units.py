@@ -93,18 +93,37 @@ def test_eval_steps_arithmetic():
     assert data.pipeline_example_counts([37], 2) == [19, 18]
 
 
-def test_importing_the_trainer_never_imports_beam():
+def test_importing_the_trainer_never_imports_beam_or_the_pipeline():
     code = textwrap.dedent("""
-        import sys
-        import trainer, trainer.__main__, trainer.config, trainer.custom_loop
-        import trainer.data, trainer.keras_loop, trainer.model, trainer.outputs
-        import trainer.strategy, trainer.train
+        import importlib, pkgutil, sys
+        import trainer
+        for module in pkgutil.iter_modules(trainer.__path__):
+            importlib.import_module("trainer." + module.name)
         import tensorflow as tf, tf_keras
         assert "apache_beam" not in sys.modules, "apache_beam imported"
+        leaked = sorted(m for m in sys.modules if m.split(".")[0] == "pipeline")
+        assert not leaked, f"the trainer imported {leaked}"
+        assert "mnist_contract" in sys.modules
         assert tf.keras.Model is tf_keras.Model, "tf.keras is not tf-keras"
         print("ok")
     """)
     env = {"PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "2"}  # no TF_USE_LEGACY_KERAS
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
+
+
+def test_the_pipeline_never_imports_the_trainer():
+    code = textwrap.dedent("""
+        import importlib, pkgutil, sys
+        import pipeline
+        for module in pkgutil.iter_modules(pipeline.__path__):
+            importlib.import_module("pipeline." + module.name)
+        leaked = sorted(m for m in sys.modules if m.split(".")[0] == "trainer")
+        assert not leaked, f"the pipeline imported {leaked}"
+        print("ok")
+    """)
+    env = {"PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "2"}
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]

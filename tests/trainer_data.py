@@ -9,13 +9,13 @@ Files go through tf.io.gfile, so ``out_dir`` may be ``ram://...``.
 from __future__ import annotations
 
 import hashlib
-import io
 from typing import Optional
 
 import numpy as np
 import tensorflow as tf
 
-from pipeline import contract
+import mnist_contract as contract
+from mnist_contract import examples
 
 
 def make_arrays(num_examples: int, seed: int, noise: float = 0.35):
@@ -28,20 +28,10 @@ def make_arrays(num_examples: int, seed: int, noise: float = 0.35):
     return images, labels.astype(np.int64)
 
 
-def _encode(image: np.ndarray, image_format: str) -> bytes:
-    if image_format == "raw":
-        return image.tobytes()
-    return tf.io.encode_png(image).numpy()
-
-
 def serialize(image: np.ndarray, label: int, index: int, image_format: str) -> bytes:
-    feature = {
-        contract.IMAGE_KEY: tf.train.Feature(bytes_list=tf.train.BytesList(
-            value=[_encode(image, image_format)])),
-        contract.LABEL_KEY: tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)])),
-        contract.INDEX_KEY: tf.train.Feature(int64_list=tf.train.Int64List(value=[int(index)])),
-    }
-    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+    """One record, encoded by the contract's own encoder."""
+    return examples.encode_example({contract.IMAGE_KEY: image, contract.LABEL_KEY: label,
+                                    contract.INDEX_KEY: index}, image_format)
 
 
 def write_dataset(out_dir: str, *, num_train: int = 256, num_test: int = 37,

@@ -36,8 +36,8 @@ import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 import tf_keras as keras
 
-from pipeline import contract
-from pipeline.contract import join_path
+import mnist_contract as contract
+from mnist_contract import join_path
 from trainer import data, model as model_lib, outputs
 
 log = logging.getLogger(__name__)

@@ -47,7 +47,8 @@ from typing import Optional, Sequence
 import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 
-from pipeline import contract
+import mnist_contract as contract
+from mnist_contract import examples
 from trainer.config import TrainerError, summarize_error
 
 log = logging.getLogger(__name__)
@@ -151,11 +152,7 @@ def eval_steps(counts: Sequence[int], global_batch_size: int, num_replicas: int,
 
 def _parse_batch(serialized: tf.Tensor, image_format: str) -> dict[str, tf.Tensor]:
     """Vectorized parse + decode + normalize of a batch of serialized Examples."""
-    feats = tf.io.parse_example(serialized, {
-        contract.IMAGE_KEY: tf.io.FixedLenFeature([], tf.string),
-        contract.LABEL_KEY: tf.io.FixedLenFeature([], tf.int64),
-        contract.INDEX_KEY: tf.io.FixedLenFeature([], tf.int64),
-    })
+    feats = tf.io.parse_example(serialized, examples.parse_spec())
     raw = feats[contract.IMAGE_KEY]
     if image_format == "raw":
         pixels = tf.io.decode_raw(raw, tf.uint8)

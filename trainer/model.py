@@ -12,7 +12,7 @@ from __future__ import annotations
 import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tf_keras as keras
 
-from pipeline import contract
+import mnist_contract as contract
 from trainer.config import TrainerError
 
 # (conv filters, conv filters, dense units, dense units)

@@ -23,7 +23,7 @@ import logging
 import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 
-from pipeline.contract import join_path
+from mnist_contract import join_path
 from trainer import strategy as strategy_lib
 
 log = logging.getLogger(__name__)

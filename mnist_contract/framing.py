@@ -1,0 +1,85 @@
+"""TFRecord framing: one streaming codec for every reader and writer of it.
+
+A record is ``length (u64 LE) | masked crc32c(length) | data | masked
+crc32c(data)``, exactly what ``tf.io.TFRecordWriter`` writes. The pipeline
+frames shards and its spill files with `frame_record`, and `iter_records`
+reads any of them back chunk by chunk, so memory stays flat whatever the
+file size.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import BinaryIO, Iterator, Optional
+
+import google_crc32c
+
+# Bytes TFRecord framing adds to each record: length, its CRC, data CRC.
+RECORD_OVERHEAD = 16
+HEADER_BYTES = 12
+_CRC_MASK_DELTA = 0xA282EAD8
+
+
+class FramingError(ValueError):
+    """A damaged or truncated TFRecord stream; the message names the origin and offset."""
+
+
+def masked_crc(data: bytes) -> int:
+    crc = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + _CRC_MASK_DELTA) & 0xFFFFFFFF
+
+
+def frame_record(data: bytes) -> bytes:
+    """One record in TFRecord framing (what tf.io.TFRecordWriter writes)."""
+    length = struct.pack("<Q", len(data))
+    return (length + struct.pack("<I", masked_crc(length)) + data +
+            struct.pack("<I", masked_crc(data)))
+
+
+def iter_records(stream: BinaryIO, origin: str, *, limit: Optional[int] = None,
+                 start_offset: int = 0, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
+    """Yields each record's data from ``stream``, checking both CRCs.
+
+    Reads ``chunk_bytes`` at a time and at most ``limit`` bytes (all of the
+    stream when None). ``start_offset`` only numbers the bytes in error
+    messages (for a stream positioned inside a file).
+    """
+    remaining = limit
+    buffer = b""
+    consumed = start_offset  # stream offset of buffer[0]
+    eof = False
+    while True:
+        offset = 0
+        while len(buffer) - offset >= HEADER_BYTES:
+            length_bytes = buffer[offset:offset + 8]
+            if struct.unpack_from("<I", buffer, offset + 8)[0] != masked_crc(length_bytes):
+                raise FramingError(f"{origin}: bad length CRC at byte {consumed + offset}")
+            (length,) = struct.unpack("<Q", length_bytes)
+            stop = offset + HEADER_BYTES + length + 4
+            if stop > len(buffer):
+                if eof:
+                    break
+                # Grow the read so a record larger than a chunk still arrives whole.
+                chunk_bytes = max(chunk_bytes, stop - offset)
+                break
+            data = buffer[offset + HEADER_BYTES:stop - 4]
+            if struct.unpack_from("<I", buffer, stop - 4)[0] != masked_crc(data):
+                raise FramingError(
+                    f"{origin}: bad data CRC in record at byte {consumed + offset}")
+            yield data
+            offset = stop
+        buffer = buffer[offset:]
+        consumed += offset
+        if eof:
+            if buffer:
+                raise FramingError(f"{origin}: truncated record at byte {consumed}")
+            return
+        want = chunk_bytes if remaining is None else min(chunk_bytes, remaining)
+        piece = stream.read(want) if want > 0 else b""
+        if remaining is not None:
+            remaining -= len(piece)
+        if not piece and remaining:
+            raise FramingError(f"{origin}: ends {remaining} bytes early, "
+                               f"at byte {consumed + len(buffer)}")
+        eof = not piece or remaining == 0
+        buffer += piece

@@ -1,0 +1,186 @@
+"""The data contract (`mnist_contract`): spec, codec, framing and manifest, without a runner."""
+
+import io
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import mnist_contract as contract
+from mnist_contract import examples, framing
+
+from tests.trainer_data import write_dataset
+
+
+def _values(image, label=7, index=1234):
+    return {contract.IMAGE_KEY: image, contract.LABEL_KEY: label, contract.INDEX_KEY: index}
+
+
+# --- Spec and codec ----------------------------------------------------------
+
+@pytest.mark.parametrize("image_format", contract.IMAGE_FORMATS)
+def test_example_round_trip_and_tf_parse(image_format):
+    image = np.random.default_rng(0).integers(0, 256, (28, 28), dtype=np.uint8)
+    serialized = examples.encode_example(_values(image), image_format)
+    decoded = examples.decode_example(serialized, image_format)
+    np.testing.assert_array_equal(decoded[contract.IMAGE_KEY], image)
+    assert (decoded[contract.LABEL_KEY], decoded[contract.INDEX_KEY]) == (7, 1234)
+    # The trainer's parse spec, derived from the same feature list, reads it.
+    parsed = tf.io.parse_single_example(serialized, examples.parse_spec())
+    assert set(parsed) == set(contract.FEATURE_NAMES)
+    assert int(parsed[contract.LABEL_KEY]) == 7 and int(parsed[contract.INDEX_KEY]) == 1234
+
+
+def test_encoding_is_deterministic_and_accepts_a_channel_axis():
+    image = np.full((28, 28), 3, np.uint8)
+    raw = examples.encode_example(_values(image, 1, 2), "raw")
+    assert raw == examples.encode_example(_values(image.copy()[..., None], 1, 2), "raw")
+
+
+def test_every_feature_of_the_spec_is_encoded_and_required():
+    example = tf.train.Example.FromString(
+        examples.encode_example(_values(np.zeros((28, 28), np.uint8)), "raw"))
+    assert sorted(example.features.feature) == sorted(contract.FEATURE_NAMES)
+    del example.features.feature[contract.INDEX_KEY]
+    with pytest.raises(ValueError, match="lacks feature 'index'"):
+        examples.decode_example(example.SerializeToString(), "raw")
+
+
+def test_decode_refuses_bad_values():
+    good = examples.encode_example(_values(np.zeros((28, 28), np.uint8), label=9), "raw")
+    example = tf.train.Example.FromString(good)
+    example.features.feature[contract.LABEL_KEY].int64_list.value[:] = [10]
+    with pytest.raises(ValueError, match="label 10 outside 0..9"):
+        examples.decode_example(example.SerializeToString(), "raw")
+    with pytest.raises(ValueError, match="raw image has"):
+        examples.decode_image(b"x", "raw")
+    with pytest.raises(ValueError, match="expected 28x28"):
+        examples.encode_image(np.zeros((27, 28), np.uint8), "raw")
+
+
+def test_manifest_feature_description_follows_the_spec():
+    described = contract.feature_spec_description("png")
+    assert list(described) == list(contract.FEATURE_NAMES)
+    assert described["image"] == {"kind": "bytes", "shape": [28, 28, 1], "dtype": "uint8",
+                                  "encoding": "png"}
+    assert described["label"]["num_classes"] == 10
+
+
+def test_tfds_features_follow_the_spec():
+    from pipeline.metadata import tfds_features
+    for image_format in contract.IMAGE_FORMATS:
+        features = tfds_features(image_format)
+        assert list(features.keys()) == list(contract.FEATURE_NAMES)
+        assert features["label"].num_classes == contract.NUM_CLASSES
+        assert tuple(features["image"].shape) == contract.IMAGE_SHAPE
+
+
+# --- Framing -------------------------------------------------------------------
+
+def test_frame_record_matches_tf_writer_and_streams_back(tmp_path):
+    payloads = [b"", b"a", bytes(range(256)) * 5]
+    path = str(tmp_path / "x.tfrecord")
+    with tf.io.TFRecordWriter(path) as writer:
+        for p in payloads:
+            writer.write(p)
+    ours = b"".join(framing.frame_record(p) for p in payloads)
+    assert ours == (tmp_path / "x.tfrecord").read_bytes()
+    # Chunks smaller than a record, and a byte range of a longer stream.
+    for chunk in (1, 7, 1 << 20):
+        assert list(framing.iter_records(io.BytesIO(ours), "x", chunk_bytes=chunk)) == payloads
+    first_two = len(framing.frame_record(b"")) + len(framing.frame_record(b"a"))
+    assert list(framing.iter_records(io.BytesIO(ours + b"junk"), "x", limit=first_two,
+                                     chunk_bytes=5)) == payloads[:2]
+
+
+def test_framing_detects_damage_and_truncation():
+    framed = framing.frame_record(b"hello") + framing.frame_record(b"world")
+    damaged = bytearray(framed)
+    damaged[14] ^= 0xFF
+    with pytest.raises(framing.FramingError, match="x: bad data CRC in record at byte 0"):
+        list(framing.iter_records(io.BytesIO(bytes(damaged)), "x"))
+    damaged = bytearray(framed)
+    damaged[21 + 2] ^= 0xFF
+    with pytest.raises(framing.FramingError, match="x: bad length CRC at byte 21"):
+        list(framing.iter_records(io.BytesIO(bytes(damaged)), "x", chunk_bytes=3))
+    with pytest.raises(framing.FramingError, match="x: truncated"):
+        list(framing.iter_records(io.BytesIO(framed[:-3]), "x"))
+    with pytest.raises(framing.FramingError, match="ends 3 bytes early"):
+        list(framing.iter_records(io.BytesIO(framed[:-3]), "x", limit=len(framed)))
+
+
+# --- Manifest ------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def manifest_dict(tmp_path_factory):
+    manifest = write_dataset(str(tmp_path_factory.mktemp("ds")), num_train=40, num_test=9,
+                             train_shards=2, test_shards=1, write_manifest=False)
+    return json.loads(manifest.to_json())
+
+
+def _load(raw):
+    text = raw if isinstance(raw, (str, bytes)) else json.dumps(raw)
+    return contract.Manifest.from_json(text, "M")
+
+
+def test_manifest_round_trip(manifest_dict):
+    manifest = _load(manifest_dict)
+    assert manifest.split("train").num_examples == 40
+    assert json.loads(manifest.to_json()) == manifest_dict
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[]", "top level must be a JSON object, not list"),
+    ("null", "top level must be a JSON object, not NoneType"),
+    ('"x"', "top level must be a JSON object, not str"),
+    (b"\xff\xfe{", "not UTF-8 text"),
+    ("[" * 100_000 + "]" * 100_000, "JSON nested too deeply"),
+    ("{", "not valid JSON"),
+])
+def test_manifest_that_is_not_an_object(text, message):
+    with pytest.raises(contract.ContractError, match=f"^M: ({message})"):
+        _load(text)
+
+
+def _edit(manifest_dict, path, value):
+    raw = json.loads(json.dumps(manifest_dict))
+    target = raw
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    return raw
+
+
+SHARD0 = ("splits", "train", "shards", 0)
+
+
+@pytest.mark.parametrize("path, value, message", [
+    (SHARD0 + ("num_examples",), True, "'num_examples' must be an integer, not true"),
+    (SHARD0 + ("num_examples",), 20.9, "'num_examples' must be an integer, not 20.9"),
+    (SHARD0 + ("num_examples",), "20", "'num_examples' must be an integer"),
+    (SHARD0 + ("num_examples",), -1, "num_examples must be >= 1"),
+    (SHARD0 + ("num_examples",), 10**9, "cannot fit in"),
+    (SHARD0 + ("num_bytes",), 0, "num_bytes must be >= 1"),
+    (SHARD0 + ("sha256",), "abc", "sha256 is not 64 hex digits"),
+    (SHARD0 + ("file",), "mnist-train.tfrecord-00000-of-00002\n", "not a shard file name"),
+    (SHARD0 + ("file",), "mnist-test.tfrecord-00000-of-00002", "lists mnist-test"),
+    (("splits",), [], "'splits' must be an object"),
+    (("splits", "train"), [], "must be an object"),
+    (("splits", "train", "shards"), [], "lists no shards"),
+    (("splits", "train", "num_examples"), 41, "says 41 examples but its shards add up to 40"),
+    (("format_version",), True, "unsupported format_version"),
+    (("image_format",), "jpeg", "unknown image_format"),
+    (("dataset",), 3, "'dataset' must be a string"),
+])
+def test_manifest_is_strict(manifest_dict, path, value, message):
+    with pytest.raises(contract.ContractError, match=message) as info:
+        _load(_edit(manifest_dict, path, value))
+    assert str(info.value).startswith("M: ") and "\n" not in str(info.value)
+
+
+def test_shard_names_are_matched_whole():
+    with pytest.raises(contract.ContractError):
+        contract.parse_shard_filename("mnist-train.tfrecord-00000-of-00001\n")
+    assert contract.parse_shard_filename("mnist-train.tfrecord-00000-of-00001") == (
+        "mnist", "train", 0, 1)
