@@ -1,4 +1,9 @@
-"""Errors the job reports as one line: bad input, and storage that fails."""
+"""Errors the job reports as one line: bad input, and storage that fails.
+
+Also the classifier that finds such an error inside whatever a runner raised.
+"""
+
+from __future__ import annotations
 
 
 class PipelineError(Exception):
@@ -14,3 +19,33 @@ class PipelineInputError(PipelineError):
 
 class StorageError(PipelineError):
     """The output storage failed (unreachable, refusing writes) during the run."""
+
+
+_STORAGE_FAILURES = ("RetryError", "ConnectionError", "ServiceUnavailable",
+                     "BeamIOError", "Max retries exceeded")
+
+
+def as_pipeline_error(error: BaseException, output: str) -> PipelineError | None:
+    """The one-line error inside whatever the runner raised, or None if unknown.
+
+    A PipelineInputError raised in a worker is found by type or, when the
+    runner passed it on as text, by name. Storage failures name the output.
+    """
+    seen = error
+    while seen is not None:
+        if isinstance(seen, PipelineInputError):
+            return PipelineInputError(str(seen.args[0]).splitlines()[0])
+        seen = seen.__cause__ or seen.__context__
+    text = str(error)
+    marker = "PipelineInputError: "
+    if marker in text:
+        return PipelineInputError(text.split(marker, 1)[1].splitlines()[0])
+    failure = next((f for f in _STORAGE_FAILURES
+                    if f in text or f == type(error).__name__), None)
+    if failure is None and isinstance(error, OSError):
+        failure = type(error).__name__
+    if failure:
+        first_line = text.strip().splitlines()[0] if text.strip() else type(error).__name__
+        return StorageError(f"{output}: storage failed during the run "
+                            f"({failure}: {first_line[:200]})")
+    return None

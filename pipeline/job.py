@@ -21,13 +21,11 @@ from apache_beam.options.pipeline_options import (GoogleCloudOptions,
 import mnist_contract as contract
 
 from pipeline import storage, transforms
-from pipeline.errors import PipelineError, PipelineInputError, StorageError
+from pipeline.errors import PipelineInputError, StorageError, as_pipeline_error
 from pipeline.metadata import tfds_metadata_files
 from pipeline.options import ConvertOptions
-from pipeline.output import OutputLayout, finalize, prepare_output
+from pipeline.output import finalize, prepare_output
 from pipeline.sources import announce, parse_source
-
-LOCAL_RUNNERS = ("DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
 
 
 def _check_options(conv: ConvertOptions, options: PipelineOptions) -> list[str]:
@@ -83,9 +81,7 @@ def run(argv: Sequence[str]) -> contract.Manifest:
     layout = prepare_output(conv.output, run_id, overwrite=conv.overwrite)
     logging.info("Writing %s into temporary folder %s", ",".join(splits),
                  layout.temp_dir)
-    shuffle = conv.shuffle
-    if shuffle == "auto":
-        shuffle = "files" if standard.runner in LOCAL_RUNNERS else "beam"
+    shuffle = conv.shuffle_mode(standard.runner)
     logging.info("Shuffle mode: %s", shuffle)
     try:
         p = beam.Pipeline(options=options)
@@ -99,7 +95,7 @@ def run(argv: Sequence[str]) -> contract.Manifest:
         if state != "DONE":
             raise RuntimeError(f"pipeline ended in state {state}")
     except Exception as e:  # the runner re-raises worker errors in many shapes
-        known = _as_pipeline_error(e, layout)
+        known = as_pipeline_error(e, layout.output)
         if isinstance(known, StorageError):
             logging.warning("Leaving %s: storage is failing; the next run removes it",
                             layout.temp_dir)
@@ -114,7 +110,7 @@ def run(argv: Sequence[str]) -> contract.Manifest:
                             lambda m: tfds_metadata_files(m, conv.output,
                                                           source.description))
     except Exception as e:
-        known = _as_pipeline_error(e, layout)
+        known = as_pipeline_error(e, layout.output)
         if not isinstance(known, StorageError):
             raise
         raise StorageError(f"{known}; while finalizing: without manifest.json the "
@@ -125,33 +121,3 @@ def run(argv: Sequence[str]) -> contract.Manifest:
             raise RuntimeError(f"{split}: counters say {written} examples written "
                                f"but the manifest lists {manifest.split(split).num_examples}")
     return manifest
-
-
-_STORAGE_FAILURES = ("RetryError", "ConnectionError", "ServiceUnavailable",
-                     "BeamIOError", "Max retries exceeded")
-
-
-def _as_pipeline_error(error: Exception, layout: OutputLayout) -> PipelineError | None:
-    """The one-line error inside whatever the runner raised, or None if unknown.
-
-    A PipelineInputError raised in a worker is found by type or, when the
-    runner passed it on as text, by name. Storage failures name the output.
-    """
-    seen = error
-    while seen is not None:
-        if isinstance(seen, PipelineInputError):
-            return PipelineInputError(str(seen.args[0]).splitlines()[0])
-        seen = seen.__cause__ or seen.__context__
-    text = str(error)
-    marker = "PipelineInputError: "
-    if marker in text:
-        return PipelineInputError(text.split(marker, 1)[1].splitlines()[0])
-    failure = next((f for f in _STORAGE_FAILURES
-                    if f in text or f == type(error).__name__), None)
-    if failure is None and isinstance(error, OSError):
-        failure = type(error).__name__
-    if failure:
-        first_line = text.strip().splitlines()[0] if text.strip() else type(error).__name__
-        return StorageError(f"{layout.output}: storage failed during the run "
-                            f"({failure}: {first_line[:200]})")
-    return None

@@ -7,6 +7,8 @@ from apache_beam.options.pipeline_options import PipelineOptions
 import mnist_contract as contract
 
 MB = 1_000_000
+# Runners that run in this process and hold their shuffle in memory.
+LOCAL_RUNNERS = ("DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
 
 
 class ConvertOptions(PipelineOptions):
@@ -65,3 +67,13 @@ class ConvertOptions(PipelineOptions):
         if self.target_shard_bytes is not None:
             return self.target_shard_bytes
         return int(self.target_shard_mb * MB)
+
+    def shuffle_mode(self, runner: str | None) -> str:
+        """``beam`` or ``files``: resolves ``--shuffle=auto`` for ``runner``.
+
+        The local runners keep their shuffle in memory, so they get the
+        flat-memory file shuffle; distributed runners shuffle better themselves.
+        """
+        if self.shuffle != "auto":
+            return self.shuffle
+        return "files" if (runner or "DirectRunner") in LOCAL_RUNNERS else "beam"
