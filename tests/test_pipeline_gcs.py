@@ -25,7 +25,8 @@ def test_job_writes_into_gcs_bucket(gcs_emulator, idx_dir, digits):
     prefix = f"datasets/{uuid.uuid4().hex[:8]}"
     output = f"gs://{EMULATOR_BUCKET}/{prefix}"
     manifest = job.run([f"--source={idx_dir}", f"--output={output}",
-                        "--runner=DirectRunner", "--min_shards=2"])
+                        "--runner=DirectRunner", "--min_shards=2",
+                        "--allow_extreme_sharding"])
     files = bucket_files(gcs_emulator.client(), prefix)
     assert set(files) == {"manifest.json", "dataset_info.json", "features.json",
                           *manifest.split("train").files, *manifest.split("test").files}

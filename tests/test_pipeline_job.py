@@ -22,8 +22,9 @@ from tests.conftest import REPO, write_idx_split
 
 
 def run_job(source, output, *flags):
+    """The job on tiny data: several shards of it are far below 1 MB."""
     return job.run([f"--source={source}", f"--output={output}",
-                    "--runner=DirectRunner", *flags])
+                    "--runner=DirectRunner", "--allow_extreme_sharding", *flags])
 
 
 def read_split(output, manifest, split):

@@ -12,7 +12,7 @@ from pipeline.verify import main
 def dataset(tmp_path, idx_dir):
     out = tmp_path / "out"
     job.run([f"--source={idx_dir}", f"--output={out}", "--runner=DirectRunner",
-             "--min_shards=3"])
+             "--min_shards=3", "--allow_extreme_sharding"])
     return out
 
 

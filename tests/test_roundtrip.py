@@ -25,7 +25,7 @@ def converted(tmp_path_factory, digits):
         write_idx_split(root / "idx", split, images, labels)
     out = str(root / "out")
     manifest = job.run([f"--source={root / 'idx'}", f"--output={out}", "--min_shards=4",
-                        "--runner=DirectRunner"])
+                        "--allow_extreme_sharding", "--runner=DirectRunner"])
     return out, manifest
 
 
