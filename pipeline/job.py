@@ -96,12 +96,10 @@ def run(argv: Sequence[str]) -> contract.Manifest:
     shuffle = conv.shuffle_mode(standard.runner)
     logging.info("Shuffle mode: %s", shuffle)
     try:
+        settings = transforms.ConvertSettings.from_options(
+            conv, source, splits, layout.temp_dir, layout.shard_list_path)
         p = beam.Pipeline(options=options)
-        transforms.build(p, source, splits, image_format=conv.image_format,
-                         compression=conv.compression, salt=conv.shuffle_salt,
-                         target_bytes=conv.target_bytes(), min_shards=conv.min_shards,
-                         temp_dir=layout.temp_dir,
-                         shard_list_path=layout.shard_list_path, shuffle=shuffle)
+        _ = p | "Convert" >> transforms.convert(settings, shuffle)
         result = p.run()
         state = result.wait_until_finish()
         if state != "DONE":

@@ -19,9 +19,9 @@ from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 
 from mnist_contract import framing
-from pipeline import records
+from pipeline import storage
+from pipeline.batches import KEY_BYTES, key_order
 
-KEY_BYTES = 16
 _MIME = "application/octet-stream"
 
 
@@ -56,6 +56,10 @@ class ShardFileWriter:
             self._emit(b"".join(self._pending))
             self._pending, self._pending_bytes = [], 0
 
+    def write_all(self, examples) -> None:
+        for example in examples:
+            self.write(example)
+
     def close(self) -> dict:
         self._emit(b"".join(self._pending))
         self._pending = []
@@ -69,23 +73,19 @@ class ShardFileWriter:
                 "sha256": self._sha256.hexdigest()}
 
 
-def encode_spill(keyed_examples: list[tuple[bytes, bytes]], bucket_bits: int):
-    """Sorted spill-file bytes, and per bucket: ids, record counts, byte ranges, sizes.
-
-    ``sizes`` are the bytes each bucket's records will take in a shard.
-    """
-    keyed_examples.sort(key=lambda kv: kv[0])
-    chunks = [framing.frame_record(key + example) for key, example in keyed_examples]
-    lengths = np.fromiter((len(c) for c in chunks), np.int64, len(chunks))
+def write_spill(path: str, buckets: np.ndarray, keys: np.ndarray,
+                examples: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Writes one key-sorted spill file; returns per bucket: ids, start and end offsets."""
+    order = key_order(keys)
+    key_bytes = keys.tobytes()
+    chunks = [framing.frame_record(key_bytes[i * KEY_BYTES:(i + 1) * KEY_BYTES] + examples[i])
+              for i in order.tolist()]
+    storage.write_bytes(path, b"".join(chunks))
+    lengths = np.fromiter(map(len, chunks), np.int64, len(chunks))
     ends = np.cumsum(lengths)
-    buckets = np.fromiter((records.bucket_of(k, bucket_bits) for k, _ in keyed_examples),
-                          np.int64, len(keyed_examples))
-    ids, first, counts = np.unique(buckets, return_index=True, return_counts=True)
-    last = first + counts - 1
+    ids, first, counts = np.unique(buckets[order], return_index=True, return_counts=True)
     starts = ends[first] - lengths[first]
-    # In a shard each record loses its key but keeps the framing.
-    shard_sizes = np.add.reduceat(lengths - KEY_BYTES, first) if len(ids) else ids
-    return b"".join(chunks), ids, counts, starts, ends[last], shard_sizes
+    return ids, starts, ends[first + counts - 1]
 
 
 def iter_spill_range(path: str, start: int, end: int,

@@ -1,121 +1,303 @@
-"""The Beam graph of the conversion job, in its two shuffle modes.
+"""The Beam graph of the conversion job: composite transforms, one per shuffle mode.
 
-Both modes give byte-identical shards: records ordered by shuffle key, cut
+Both modes write byte-identical shards: records ordered by shuffle key, cut
 into shards of near-equal bytes by `sharding.plan_shards`.
 
-``beam`` (for Dataflow and other distributed runners)::
+`ConvertWithRunnerShuffle` (``--shuffle=beam``, for Dataflow, Dask and other
+distributed runners)::
 
-    ReadTasks -> Redistribute -> ReadAndEncode -> (BucketSizes -> SumPerBucket
-    -> CollectBuckets -> PlanShards) -> AssignShards -> GroupByShard -> WriteShards
+    ReadTasks -> EncodeByBucket -> PlanShards -> GroupAndWriteShards -> WriteShardList
 
-  The runner's shuffle moves the records; a shard is sorted in worker memory.
+  The runner's shuffle moves the records, a bucket's worth per element; a
+  shard is sorted in worker memory.
 
-``files`` (for the local runner, whose shuffle is held in memory)::
+`ConvertWithFileShuffle` (``--shuffle=files``, for the local runner, whose
+shuffle is held in memory)::
 
-    ReadTasks -> Redistribute -> ReadAndSpill -> (SumPerBucket -> CollectBuckets
-    -> PlanShards) -> ShardRanges -> GroupRangesByShard -> MergeShards
+    ReadTasks -> SpillSortedRuns -> PlanShards -> MergeSpillsIntoShards -> WriteShardList
 
-  Each read task writes one key-sorted spill file; a shard is a streaming
-  merge of one byte range per spill file. Only small descriptors pass through
-  Beam, so memory does not grow with the dataset.
+  Each chunk a read task produces becomes one key-sorted spill file; a shard
+  is a streaming merge of one byte range per spill file. Only small
+  descriptors pass through Beam, so memory does not grow with the dataset.
 
-Both end with CollectShardInfo -> WriteShardList.
+Element types, as the type aliases below name them:
+
+    ReadTask      (split, task number, the source's task)
+    KeyedBatch    ((split, bucket), [(shuffle key, Example bytes), ...])
+    BucketSizes   (split, int64 array [buckets, 2] of (records, shard bytes))
+    Plans         {split: sharding.ShardPlan}            (one element)
+    SpillRun      (split, path, bucket ids, start offsets, end offsets)
+    ShardRange    ((split, shard), (path, start, end))
+    WrittenShard  {"split", "file", "num_examples", "num_bytes", "sha256"}
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import json
 import logging
-from typing import Iterable
+from typing import Any, Iterable, Iterator
 
 import apache_beam as beam
 import numpy as np
 from apache_beam.metrics.metric import Metrics
 
 import mnist_contract as contract
-from mnist_contract import examples, framing
+from mnist_contract import framing
 
-from pipeline import records, sharding, storage
-from pipeline.shard_io import ShardFileWriter, encode_spill, iter_spill_range
+from pipeline import sharding, storage
+from pipeline.batches import encode_batch, group_by_bucket
+from pipeline.shard_io import ShardFileWriter, iter_spill_range, write_spill
 
 COUNTER_NAMESPACE = "mnist_pipeline"
 MERGE_MEMORY_BYTES = 64 << 20
+ESTIMATED_RECORD_BYTES = contract.IMAGE_BYTES + 64
+
+ReadTask = tuple[str, int, Any]
+KeyedBatch = tuple[tuple[str, int], list[tuple[bytes, bytes]]]
+BucketSizes = tuple[str, np.ndarray]
+SpillRun = tuple[str, str, np.ndarray, np.ndarray, np.ndarray]
+ShardRange = tuple[tuple[str, int], tuple[str, int, int]]
+WrittenShard = dict
 
 
-def _sum_pairs(pairs: Iterable[tuple[int, int]]) -> tuple[int, int]:
-    count = size = 0
-    for c, s in pairs:
-        count += c
-        size += s
-    return count, size
+@dataclasses.dataclass(frozen=True)
+class ConvertSettings:
+    """Everything the graph needs, in one picklable value.
+
+    ``temp_dir`` receives the shards (under their final names) and the spill
+    files; ``shard_list_path`` the JSON list of written shards, which
+    finalize reads as the source of truth.
+    """
+
+    source: Any  # a pipeline.sources.Source
+    splits: tuple[str, ...]
+    temp_dir: str
+    shard_list_path: str
+    target_bytes: int
+    min_shards: int = 1
+    image_format: str = "raw"
+    compression: str = "none"
+    salt: str = "mnist-tfrecords-v1"
+
+    @classmethod
+    def from_options(cls, conv, source, splits, temp_dir: str,
+                     shard_list_path: str) -> "ConvertSettings":
+        """From `pipeline.options.ConvertOptions` and the run's temp locations."""
+        return cls(source=source, splits=tuple(splits), temp_dir=temp_dir,
+                   shard_list_path=shard_list_path, target_bytes=conv.target_bytes(),
+                   min_shards=conv.min_shards, image_format=conv.image_format,
+                   compression=conv.compression, salt=conv.shuffle_salt)
+
+    def bucket_bits(self, split: str) -> int:
+        estimated = self.source.estimated_examples(split) * ESTIMATED_RECORD_BYTES
+        return sharding.bucket_bits_for(estimated, self.target_bytes, self.min_shards)
+
+    def spill_dir(self) -> str:
+        return contract.join_path(self.temp_dir, "spill")
 
 
-def _make_plans(bucket_sizes, target_bytes: int, min_shards: int):
-    """[((split, bucket), (records, bytes))] -> {split: ShardPlan}."""
-    per_split: dict[str, dict[int, tuple[int, int]]] = {}
-    for (split, bucket), sizes in bucket_sizes:
-        per_split.setdefault(split, {})[bucket] = sizes
-    return {split: sharding.plan_shards(sizes, target_bytes, min_shards)
-            for split, sizes in per_split.items()}
+def convert(settings: ConvertSettings, shuffle: str) -> beam.PTransform:
+    """The whole job as one transform: ``beam`` or ``files`` shuffle."""
+    modes = {"beam": ConvertWithRunnerShuffle, "files": ConvertWithFileShuffle}
+    return modes[shuffle](settings)
+
+
+class ReadTasks(beam.PTransform):
+    """PBegin -> PCollection[ReadTask], spread over workers."""
+
+    def __init__(self, settings: ConvertSettings):
+        super().__init__()
+        self._settings = settings
+
+    def expand(self, pbegin):
+        source = self._settings.source
+        tasks = [(split, i, task) for split in self._settings.splits
+                 for i, task in enumerate(source.read_tasks(split))]
+        return (pbegin | "Create" >> beam.Create(tasks)
+                | "Redistribute" >> beam.Reshuffle())
 
 
 class _SourceFn(beam.DoFn):
-    def __init__(self, source, image_format: str, salt: str, bucket_bits: dict[str, int]):
-        self._source = source
-        self._image_format = image_format
-        self._salt = salt
-        self._bucket_bits = bucket_bits
+    """Runs read tasks: chunks of encoded records with their shuffle keys."""
+
+    def __init__(self, settings: ConvertSettings):
+        self._settings = settings
 
     def setup(self):
         storage.use_anonymous_gcs_for_emulator()
 
-    def _keyed_examples(self, split, task):
+    def _encoded_chunks(self, split: str, task) -> Iterator[tuple[np.ndarray, list, list]]:
+        """(buckets, keys, Example bytes) per source batch, in source order."""
+        s = self._settings
         read = Metrics.counter(COUNTER_NAMESPACE, f"{split}_examples_read")
-        for batch in self._source.read(split, task):
-            for index, image, label in zip(batch.indices, batch.images, batch.labels):
-                yield (records.shuffle_key(self._salt, split, int(index)),
-                       examples.encode_example(
-                           {contract.IMAGE_KEY: image, contract.LABEL_KEY: int(label),
-                            contract.INDEX_KEY: int(index)}, self._image_format))
+        bits = s.bucket_bits(split)
+        for batch in s.source.read(split, task):
+            yield encode_batch(batch, s.salt, split, s.image_format, bits)
             read.inc(len(batch.indices))
 
 
-class ReadAndEncodeFn(_SourceFn):
-    """Runs one read task; emits ((split, bucket), (shuffle key, Example bytes))."""
+def _bucket_sizes(split: str, bits: int, buckets: np.ndarray,
+                  examples: list[bytes]) -> BucketSizes:
+    """Records and shard bytes per bucket of one chunk, as a dense array."""
+    sizes = np.zeros((1 << bits, 2), np.int64)
+    lengths = np.fromiter(map(len, examples), np.int64, len(examples))
+    np.add.at(sizes[:, 0], buckets, 1)
+    np.add.at(sizes[:, 1], buckets, lengths + framing.RECORD_OVERHEAD)
+    return split, sizes
 
-    def process(self, element):
+
+class _EncodeByBucketFn(_SourceFn):
+    def process(self, element: ReadTask) -> Iterator[KeyedBatch]:
         split, _, task = element
-        bits = self._bucket_bits[split]
-        for key, example in self._keyed_examples(split, task):
-            yield (split, records.bucket_of(key, bits)), (key, example)
+        bits = self._settings.bucket_bits(split)
+        for buckets, keys, examples in self._encoded_chunks(split, task):
+            yield beam.pvalue.TaggedOutput("sizes", _bucket_sizes(split, bits, buckets,
+                                                                  examples))
+            for bucket, pairs in group_by_bucket(buckets, keys, examples):
+                yield (split, bucket), pairs
 
 
-@beam.typehints.with_output_types(beam.typehints.Any)
-class ReadAndSpillFn(_SourceFn):
-    """Runs one read task into a sorted spill file.
+class EncodeByBucket(beam.PTransform):
+    """PCollection[ReadTask] -> {"records": PCollection[KeyedBatch],
+    "sizes": PCollection[BucketSizes]}.
 
-    Emits ((split, bucket), (records, bytes)) per bucket, and on the ``spill``
-    output one descriptor of the file: its path and per-bucket byte ranges.
+    One element per (chunk, bucket) rather than per record: far fewer
+    elements for the runner to move.
     """
 
-    def __init__(self, spill_dir: str, *args):
-        super().__init__(*args)
-        self._spill_dir = spill_dir
+    def __init__(self, settings: ConvertSettings):
+        super().__init__()
+        self._settings = settings
 
-    def process(self, element):
+    def expand(self, tasks):
+        out = tasks | "Encode" >> beam.ParDo(_EncodeByBucketFn(self._settings)).with_outputs(
+            "sizes", main="records")
+        return {"records": out.records, "sizes": out.sizes}
+
+
+class _SpillFn(_SourceFn):
+    def process(self, element: ReadTask):
         split, task_index, task = element
-        data, ids, counts, starts, ends, sizes = encode_spill(
-            list(self._keyed_examples(split, task)), self._bucket_bits[split])
-        path = contract.join_path(self._spill_dir, f"{split}-{task_index:06d}")
-        storage.write_bytes(path, data)
-        for bucket, count, size in zip(ids.tolist(), counts.tolist(), sizes.tolist()):
-            yield (split, bucket), (count, size)
-        yield beam.pvalue.TaggedOutput("spill", (split, path, ids, starts, ends))
+        bits = self._settings.bucket_bits(split)
+        for chunk, (buckets, keys, examples) in enumerate(self._encoded_chunks(split, task)):
+            path = contract.join_path(self._settings.spill_dir(),
+                                      f"{split}-{task_index:06d}-{chunk:06d}")
+            ids, starts, ends = write_spill(path, buckets, keys, examples)
+            yield _bucket_sizes(split, bits, buckets, examples)
+            yield beam.pvalue.TaggedOutput("spills", (split, path, ids, starts, ends))
 
 
-def _shard_ranges(spill, plans):
-    """One spill descriptor -> ((split, shard), (path, start, end)) per shard it feeds."""
+class SpillSortedRuns(beam.PTransform):
+    """PCollection[ReadTask] -> {"spills": PCollection[SpillRun],
+    "sizes": PCollection[BucketSizes]}.
+
+    Each chunk of a read task is written, sorted by key, to its own spill
+    file under ``settings.spill_dir()``.
+    """
+
+    def __init__(self, settings: ConvertSettings):
+        super().__init__()
+        self._settings = settings
+
+    def expand(self, tasks):
+        out = tasks | "Spill" >> beam.ParDo(_SpillFn(self._settings)).with_outputs(
+            "spills", main="sizes")
+        return {"spills": out.spills, "sizes": out.sizes}
+
+
+def _sum_arrays(arrays: Iterable[np.ndarray]) -> np.ndarray | None:
+    total = None
+    for a in arrays:
+        total = a.copy() if total is None else total + a
+    return total
+
+
+def make_plans(split_sizes: list[tuple[str, np.ndarray]], target_bytes: int,
+               min_shards: int) -> dict[str, sharding.ShardPlan]:
+    """[(split, per-bucket sizes)] -> {split: ShardPlan}."""
+    plans = {}
+    for split, sizes in split_sizes:
+        nonempty = np.flatnonzero(sizes[:, 0])
+        plans[split] = sharding.plan_shards(
+            {int(b): (int(sizes[b, 0]), int(sizes[b, 1])) for b in nonempty},
+            target_bytes, min_shards)
+    return plans
+
+
+class PlanShards(beam.PTransform):
+    """PCollection[BucketSizes] -> PCollection[Plans] (a single element)."""
+
+    def __init__(self, settings: ConvertSettings):
+        super().__init__()
+        self._settings = settings
+
+    def expand(self, sizes):
+        return (sizes
+                | "SumPerSplit" >> beam.CombinePerKey(_sum_arrays)
+                | "CollectSplits" >> beam.combiners.ToList()
+                | "Plan" >> beam.Map(make_plans, self._settings.target_bytes,
+                                     self._settings.min_shards))
+
+
+class _ShardWriterFn(beam.DoFn):
+    def __init__(self, settings: ConvertSettings):
+        self._settings = settings
+
+    def setup(self):
+        storage.use_anonymous_gcs_for_emulator()
+
+    def _write(self, split: str, shard: int, num_shards: int,
+               examples: Iterable[bytes]) -> WrittenShard:
+        """Writes examples (already in key order) under the shard's final name."""
+        name = contract.shard_filename(split, shard, num_shards)
+        writer = ShardFileWriter(contract.join_path(self._settings.temp_dir, name),
+                                 self._settings.compression)
+        writer.write_all(examples)
+        info = writer.close()
+        logging.info("Wrote %s: %d examples, %d bytes", name, info["num_examples"],
+                     info["num_bytes"])
+        Metrics.counter(COUNTER_NAMESPACE, f"{split}_examples_written").inc(info["num_examples"])
+        Metrics.counter(COUNTER_NAMESPACE, f"{split}_bytes_written").inc(info["num_bytes"])
+        return {"split": split, "file": name, **info}
+
+
+def _assign_shard(element: KeyedBatch, plans) -> tuple[tuple[str, int], list]:
+    (split, bucket), pairs = element
+    return (split, plans[split].bucket_to_shard[bucket]), pairs
+
+
+class _SortAndWriteShardFn(_ShardWriterFn):
+    def process(self, element, plans) -> Iterator[WrittenShard]:
+        (split, shard), batches = element
+        ordered = sorted((pair for pairs in batches for pair in pairs), key=lambda kv: kv[0])
+        yield self._write(split, shard, plans[split].num_shards,
+                          (example for _, example in ordered))
+
+
+class GroupAndWriteShards(beam.PTransform):
+    """PCollection[KeyedBatch] -> PCollection[WrittenShard], given the Plans.
+
+    The runner's GroupByKey brings a shard's buckets together; the shard is
+    sorted by key in memory and written.
+    """
+
+    def __init__(self, settings: ConvertSettings, plans):
+        super().__init__()
+        self._settings = settings
+        self._plans = plans
+
+    def expand(self, records):
+        plans = beam.pvalue.AsSingleton(self._plans)
+        return (records
+                | "AssignShards" >> beam.Map(_assign_shard, plans)
+                | "GroupByShard" >> beam.GroupByKey()
+                | "SortAndWrite" >> beam.ParDo(_SortAndWriteShardFn(self._settings), plans))
+
+
+def shard_ranges(spill: SpillRun, plans) -> Iterator[ShardRange]:
+    """One spill run -> the byte range of it that each shard takes."""
     split, path, ids, starts, ends = spill
     if not len(ids):
         return
@@ -126,100 +308,86 @@ def _shard_ranges(spill, plans):
         yield (split, int(shards[first])), (path, int(starts[first]), int(ends[last]))
 
 
-def _assign_shard(element, plans):
-    (split, bucket), keyed_example = element
-    return (split, plans[split].bucket_to_shard[bucket]), keyed_example
-
-
-class _ShardWriterFn(beam.DoFn):
-    def __init__(self, temp_dir: str, compression: str):
-        self._temp_dir = temp_dir
-        self._compression = compression
-
-    def setup(self):
-        storage.use_anonymous_gcs_for_emulator()
-
-    def _write(self, split: str, shard: int, num_shards: int, examples):
-        """Writes examples (already in key order) under the shard's final name."""
-        name = contract.shard_filename(split, shard, num_shards)
-        writer = ShardFileWriter(contract.join_path(self._temp_dir, name), self._compression)
-        for example in examples:
-            writer.write(example)
-        info = writer.close()
-        logging.info("Wrote %s: %d examples, %d bytes", name, info["num_examples"],
-                     info["num_bytes"])
-        Metrics.counter(COUNTER_NAMESPACE, f"{split}_examples_written").inc(info["num_examples"])
-        Metrics.counter(COUNTER_NAMESPACE, f"{split}_bytes_written").inc(info["num_bytes"])
-        return {"split": split, "file": name, **info}
-
-
-class WriteShardFn(_ShardWriterFn):
-    """Beam mode: sorts one grouped shard by key and writes it."""
-
-    def process(self, element, plans):
-        (split, shard), keyed_examples = element
-        ordered = sorted(keyed_examples, key=lambda kv: kv[0])
-        yield self._write(split, shard, plans[split].num_shards,
-                          (example for _, example in ordered))
-
-
-class MergeShardFn(_ShardWriterFn):
-    """Files mode: streams one shard as a k-way merge of sorted spill ranges."""
-
-    def process(self, element, plans):
+class _MergeShardFn(_ShardWriterFn):
+    def process(self, element, plans) -> Iterator[WrittenShard]:
         (split, shard), ranges = element
         ranges = sorted(ranges)
         chunk = max(16 << 10, min(1 << 20, MERGE_MEMORY_BYTES // max(len(ranges), 1)))
         streams = [iter_spill_range(path, start, end, chunk) for path, start, end in ranges]
         yield self._write(split, shard, plans[split].num_shards,
-                          (example for _, example in heapq.merge(*streams)))
+                          (record for _, record in heapq.merge(*streams)))
 
 
-def _write_shard_list(infos: list[dict], path: str) -> None:
+class MergeSpillsIntoShards(beam.PTransform):
+    """PCollection[SpillRun] -> PCollection[WrittenShard], given the Plans.
+
+    Each shard streams a k-way merge of its byte range of every spill file.
+    """
+
+    def __init__(self, settings: ConvertSettings, plans):
+        super().__init__()
+        self._settings = settings
+        self._plans = plans
+
+    def expand(self, spills):
+        plans = beam.pvalue.AsSingleton(self._plans)
+        return (spills
+                | "ShardRanges" >> beam.FlatMap(shard_ranges, plans)
+                | "GroupRangesByShard" >> beam.GroupByKey()
+                | "Merge" >> beam.ParDo(_MergeShardFn(self._settings), plans))
+
+
+def write_shard_list(infos: list[WrittenShard], path: str) -> str:
     storage.use_anonymous_gcs_for_emulator()
     storage.write_bytes(path, json.dumps(sorted(infos, key=lambda i: i["file"]),
                                          indent=1).encode())
+    return path
 
 
-def build(p: beam.Pipeline, source, splits, *, image_format: str, compression: str,
-          salt: str, target_bytes: int, min_shards: int, temp_dir: str,
-          shard_list_path: str, shuffle: str) -> None:
-    """Adds the whole job to ``p``; ``shuffle`` is ``beam`` or ``files``."""
-    estimated_record_bytes = contract.IMAGE_BYTES + 64
-    bucket_bits = {split: sharding.bucket_bits_for(
-        source.estimated_examples(split) * estimated_record_bytes, target_bytes, min_shards)
-        for split in splits}
-    tasks = [(split, i, task) for split in splits
-             for i, task in enumerate(source.read_tasks(split))]
-    source_args = (source, image_format, salt, bucket_bits)
-    read = p | "ReadTasks" >> beam.Create(tasks) | "Redistribute" >> beam.Reshuffle()
+class WriteShardList(beam.PTransform):
+    """PCollection[WrittenShard] -> PCollection[str]: the shard list's path, once written.
 
-    if shuffle == "files":
-        outputs = read | "ReadAndSpill" >> beam.ParDo(
-            ReadAndSpillFn(contract.join_path(temp_dir, "spill"), *source_args)
-        ).with_outputs("spill", main="sizes")
-        bucket_sizes, spills = outputs.sizes, outputs.spill
-    else:
-        examples = read | "ReadAndEncode" >> beam.ParDo(ReadAndEncodeFn(*source_args))
-        bucket_sizes = examples | "BucketSizes" >> beam.Map(
-            lambda kv: (kv[0], (1, len(kv[1][1]) + framing.RECORD_OVERHEAD)))
+    The list is what finalize publishes from, so the job needs no runner
+    metrics to know what it wrote.
+    """
 
-    plans = beam.pvalue.AsSingleton(
-        bucket_sizes
-        | "SumPerBucket" >> beam.CombinePerKey(_sum_pairs)
-        | "CollectBuckets" >> beam.combiners.ToList()
-        | "PlanShards" >> beam.Map(_make_plans, target_bytes, min_shards))
+    def __init__(self, settings: ConvertSettings):
+        super().__init__()
+        self._settings = settings
 
-    if shuffle == "files":
-        written = (spills
-                   | "ShardRanges" >> beam.FlatMap(_shard_ranges, plans)
-                   | "GroupRangesByShard" >> beam.GroupByKey()
-                   | "MergeShards" >> beam.ParDo(MergeShardFn(temp_dir, compression), plans))
-    else:
-        written = (examples
-                   | "AssignShards" >> beam.Map(_assign_shard, plans)
-                   | "GroupByShard" >> beam.GroupByKey()
-                   | "WriteShards" >> beam.ParDo(WriteShardFn(temp_dir, compression), plans))
-    _ = (written
-         | "CollectShardInfo" >> beam.combiners.ToList()
-         | "WriteShardList" >> beam.Map(_write_shard_list, shard_list_path))
+    def expand(self, written):
+        return (written
+                | "Collect" >> beam.combiners.ToList()
+                | "Write" >> beam.Map(write_shard_list, self._settings.shard_list_path))
+
+
+class ConvertWithRunnerShuffle(beam.PTransform):
+    """PBegin -> PCollection[WrittenShard]: the job with the runner's shuffle."""
+
+    def __init__(self, settings: ConvertSettings):
+        super().__init__()
+        self._settings = settings
+
+    def expand(self, pbegin):
+        s = self._settings
+        encoded = pbegin | "ReadTasks" >> ReadTasks(s) | "EncodeByBucket" >> EncodeByBucket(s)
+        plans = encoded["sizes"] | "PlanShards" >> PlanShards(s)
+        written = encoded["records"] | "WriteShards" >> GroupAndWriteShards(s, plans)
+        _ = written | "WriteShardList" >> WriteShardList(s)
+        return written
+
+
+class ConvertWithFileShuffle(beam.PTransform):
+    """PBegin -> PCollection[WrittenShard]: the job with the sorted-spill-file shuffle."""
+
+    def __init__(self, settings: ConvertSettings):
+        super().__init__()
+        self._settings = settings
+
+    def expand(self, pbegin):
+        s = self._settings
+        spilled = pbegin | "ReadTasks" >> ReadTasks(s) | "SpillSortedRuns" >> SpillSortedRuns(s)
+        plans = spilled["sizes"] | "PlanShards" >> PlanShards(s)
+        written = spilled["spills"] | "WriteShards" >> MergeSpillsIntoShards(s, plans)
+        _ = written | "WriteShardList" >> WriteShardList(s)
+        return written

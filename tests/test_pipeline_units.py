@@ -184,29 +184,3 @@ def test_https_source_downloads_once_into_cache(tmp_path, idx_dir, digits):
     np.testing.assert_array_equal(batch.images, digits["test"][0])
     with pytest.raises(PipelineInputError, match="download failed"):
         fetch(url + "missing.gz", str(tmp_path / "cache"), timeout_s=2)
-
-
-# --- Spill files of the file-based shuffle -----------------------------------
-
-def test_spill_ranges_merge_back_in_key_order(tmp_path):
-    from pipeline.shard_io import encode_spill, iter_spill_range
-    rng = np.random.default_rng(3)
-    keyed = [(records.shuffle_key("s", "train", i), rng.bytes(int(rng.integers(1, 300))))
-             for i in range(500)]
-    data, ids, counts, starts, ends, sizes = encode_spill(list(keyed), bucket_bits=6)
-    path = tmp_path / "spill"
-    path.write_bytes(data)
-    assert counts.sum() == 500 and list(ids) == sorted(ids)
-    assert sizes.sum() == sum(len(e) + framing.RECORD_OVERHEAD for _, e in keyed)
-    expected = sorted(keyed)
-    got = []
-    for bucket, start, end in zip(ids, starts, ends):  # each bucket is one byte range
-        part = list(iter_spill_range(str(path), int(start), int(end), chunk_bytes=97))
-        assert {records.bucket_of(k, 6) for k, _ in part} == {bucket}
-        got.extend(part)
-    assert got == expected
-    damaged = bytearray(data)
-    damaged[40] ^= 1
-    path.write_bytes(bytes(damaged))
-    with pytest.raises(IOError, match="spill file damaged: .*bad (data|length) CRC"):
-        list(iter_spill_range(str(path), 0, len(data), chunk_bytes=1 << 16))
