@@ -80,6 +80,17 @@ class ConvertSettings:
     image_format: str = "raw"
     compression: str = "none"
     salt: str = "mnist-tfrecords-v1"
+    # {split: leading key bits naming a bucket}; derived from the source's
+    # estimated size once, on the driver, so every worker uses the same.
+    split_bucket_bits: dict = dataclasses.field(default=None, compare=False)
+
+    def __post_init__(self):
+        if self.split_bucket_bits is None:
+            object.__setattr__(self, "split_bucket_bits", {
+                split: sharding.bucket_bits_for(
+                    self.source.estimated_examples(split) * ESTIMATED_RECORD_BYTES,
+                    self.target_bytes, self.min_shards)
+                for split in self.splits})
 
     @classmethod
     def from_options(cls, conv, source, splits, temp_dir: str,
@@ -91,8 +102,7 @@ class ConvertSettings:
                    compression=conv.compression, salt=conv.shuffle_salt)
 
     def bucket_bits(self, split: str) -> int:
-        estimated = self.source.estimated_examples(split) * ESTIMATED_RECORD_BYTES
-        return sharding.bucket_bits_for(estimated, self.target_bytes, self.min_shards)
+        return self.split_bucket_bits[split]
 
     def spill_dir(self) -> str:
         return contract.join_path(self.temp_dir, "spill")
