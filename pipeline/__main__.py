@@ -5,14 +5,11 @@ imported, so ``--help`` and bad values answer at once.
 """
 
 import logging
-import os
 import re
 import sys
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-
-from pipeline import flags  # noqa: E402
-from pipeline.errors import PipelineError, PipelineInputError  # noqa: E402
+from pipeline import console, credentials, flags
+from pipeline.errors import PipelineError, PipelineInputError
 
 
 class _DropInputErrorTracebacks(logging.Filter):
@@ -30,8 +27,14 @@ class _DropInputErrorTracebacks(logging.Filter):
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        flags.check_values(flags.parse(argv)[0])
-    except flags.FlagError as e:
+        job_args, beam_args = flags.parse(argv)
+        flags.check_values(job_args)
+        what = credentials.needs_google(
+            [job_args.output, job_args.source, *flags.beam_locations(beam_args)],
+            flags.beam_runner(beam_args))
+        if what:
+            credentials.check(what)
+    except (flags.FlagError, PipelineInputError) as e:
         flags.print_error(str(e))
         return 2
     logging.basicConfig(level=logging.INFO,
@@ -40,6 +43,7 @@ def main(argv=None) -> int:
         handler.addFilter(_DropInputErrorTracebacks())
     logging.getLogger("apache_beam").setLevel(logging.WARNING)
     logging.getLogger("tensorflow").setLevel(logging.WARNING)
+    console.import_tensorflow_quietly()
     from pipeline import job
     try:
         manifest = job.run(argv)
@@ -49,7 +53,8 @@ def main(argv=None) -> int:
         return 2
     for name, split in sorted(manifest.splits.items()):
         print(f"{name}: {split.num_examples} examples in {len(split.shards)} "
-              f"shard(s) of ~{split.num_bytes // len(split.shards):,} bytes")
+              f"shard(s) of ~{split.num_bytes // len(split.shards):,} bytes -> "
+              f"{flags.parse(argv)[0].output}")
     return 0
 
 

@@ -6,6 +6,7 @@ import hashlib
 import logging
 import os
 import tempfile
+import time
 import urllib.error
 import urllib.request
 
@@ -25,6 +26,45 @@ KNOWN_SHA256 = {
     "t10k-labels-idx1-ubyte.gz":
         "f7ae60f92e00ec6debd23a6088c31dbd2371eca3ffa0defaefb259924204aec6",
 }
+
+
+PROGRESS_INTERVAL_S = 2.0
+CHUNK_BYTES = 1 << 20
+MB = 1_000_000
+
+
+def _read_with_progress(response, name: str) -> bytes:
+    """The whole body, logging bytes so far and MB/s every couple of seconds."""
+    total = int(response.headers.get("Content-Length") or 0)
+    chunks, done = [], 0
+    start = last = time.monotonic()
+    while True:
+        chunk = response.read(CHUNK_BYTES)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        done += len(chunk)
+        now = time.monotonic()
+        if now - last >= PROGRESS_INTERVAL_S:
+            last = now
+            of_total = f" of {total / MB:.1f} MB ({100 * done / total:.0f}%)" if total else " MB"
+            logging.info("Downloading %s: %.1f%s, %.1f MB/s", name, done / MB,
+                         of_total, done / MB / max(now - start, 1e-9))
+    logging.info("Downloaded %s: %.1f MB in %.1f s", name, done / MB,
+                 time.monotonic() - start)
+    return b"".join(chunks)
+
+
+def unreachable(url: str, timeout_s: float = 10) -> str:
+    """Why ``url``'s host cannot be reached (proxies honoured), or "" if it answers."""
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"),
+                                    timeout=timeout_s):
+            return ""
+    except urllib.error.HTTPError:
+        return ""  # the server answered
+    except (urllib.error.URLError, OSError) as e:
+        return str(getattr(e, "reason", None) or e)
 
 
 def default_cache_dir() -> str:
@@ -48,9 +88,11 @@ def fetch(url: str, cache_dir: str | None = None, timeout_s: float = 60) -> byte
     logging.info("Downloading %s", url)
     try:
         with urllib.request.urlopen(url, timeout=timeout_s) as response:
-            data = response.read()
+            data = _read_with_progress(response, name)
     except (urllib.error.URLError, OSError) as e:
-        raise PipelineInputError(f"{url}: download failed ({e})") from None
+        raise PipelineInputError(
+            f"{url}: download failed ({e}); offline, --source=sample converts the "
+            "5,000 real digits shipped with the pipeline") from None
     expected = KNOWN_SHA256.get(name) if url.startswith(DEFAULT_MIRROR) else None
     if expected and hashlib.sha256(data).hexdigest() != expected:
         raise PipelineInputError(f"{url}: sha256 mismatch (corrupt download)")

@@ -138,6 +138,23 @@ def parse(argv) -> tuple[argparse.Namespace, list[str]]:
     return build_parser().parse_known_args(list(argv))
 
 
+def _beam_values(beam_args) -> argparse.Namespace:
+    """The few Beam flags the command line looks at before Beam is imported."""
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    for name in ("--runner", "--temp_location", "--staging_location"):
+        parser.add_argument(name)
+    return parser.parse_known_args(list(beam_args))[0]
+
+
+def beam_runner(beam_args) -> str | None:
+    return _beam_values(beam_args).runner
+
+
+def beam_locations(beam_args) -> list[str]:
+    values = _beam_values(beam_args)
+    return [v for v in (values.temp_location, values.staging_location) if v]
+
+
 def target_bytes(args) -> int:
     if args.target_shard_bytes is not None:
         return args.target_shard_bytes

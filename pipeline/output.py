@@ -141,7 +141,7 @@ def finalize(layout: OutputLayout, conv, source_description: str,
                        [contract.join_path(layout.output, n) for n in group])
     storage.delete_tree(layout.temp_dir)
     for split, info in sorted(manifest.splits.items()):
-        logging.info("%s: %d examples in %d shard(s) of %s bytes -> %s", split,
+        logging.debug("%s: %d examples in %d shard(s) of %s bytes -> %s", split,
                      info.num_examples, len(info.shards),
                      "/".join(str(s.num_bytes) for s in info.shards[:4]) +
                      ("/..." if len(info.shards) > 4 else ""), layout.output)

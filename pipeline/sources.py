@@ -21,7 +21,7 @@ import numpy as np
 import mnist_contract as contract
 
 from pipeline import idx, storage
-from pipeline.download import DEFAULT_MIRROR, fetch
+from pipeline.download import DEFAULT_MIRROR, fetch, unreachable
 from pipeline.errors import PipelineInputError
 
 BATCH = 10_000
@@ -188,6 +188,25 @@ class TfdsSource(Source):
 
     description = "TensorFlow Datasets 'mnist'"
 
+    def check(self) -> None:
+        """Offline and not prepared: one line now, not minutes of TFDS retries."""
+        import tensorflow_datasets as tfds
+        absl_logger = logging.getLogger("absl")
+        level = absl_logger.level
+        absl_logger.setLevel(logging.ERROR)  # "Variant folder ... has no dataset_info.json"
+        try:
+            builder = tfds.builder("mnist", data_dir=self.data_dir)
+            if builder.is_prepared():
+                return
+        finally:
+            absl_logger.setLevel(level)
+        problem = unreachable(DEFAULT_MIRROR + idx.MNIST_FILES["test"][1])
+        if problem:
+            raise PipelineInputError(
+                f"--source=tfds: 'mnist' is not prepared in {builder.data_dir} and "
+                f"TFDS's download host is unreachable ({problem}); offline, use "
+                "--source=sample")
+
     def estimated_examples(self, split: str) -> int:
         return 60_000 if split == "train" else 10_000
 
@@ -222,7 +241,9 @@ def parse_source(spec: str, cache_dir: str | None = None,
 
 
 def announce(source: Source) -> None:
-    logging.info("Source: %s", source.description)
+    """One line naming the source; a warning for the sample, which is not all of MNIST."""
     if isinstance(source, SampleSource):
-        logging.warning("Using %s. Pass --source=mnist (or a folder of the IDX "
-                        "files) for the full 70,000 digits.", source.description)
+        logging.warning("Source: %s; --source=mnist (or a folder of the IDX files) "
+                        "converts the full 70,000 digits", source.description)
+    else:
+        logging.info("Source: %s", source.description)

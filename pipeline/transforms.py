@@ -266,7 +266,7 @@ class _ShardWriterFn(beam.DoFn):
                                  self._settings.compression)
         writer.write_all(examples)
         info = writer.close()
-        logging.info("Wrote %s: %d examples, %d bytes", name, info["num_examples"],
+        logging.debug("Wrote %s: %d examples, %d bytes", name, info["num_examples"],
                      info["num_bytes"])
         Metrics.counter(COUNTER_NAMESPACE, f"{split}_examples_written").inc(info["num_examples"])
         Metrics.counter(COUNTER_NAMESPACE, f"{split}_bytes_written").inc(info["num_bytes"])

@@ -14,14 +14,16 @@ from __future__ import annotations
 import argparse
 import gzip
 import hashlib
+import re
 import sys
 import zlib
 from typing import BinaryIO
 
 import mnist_contract as contract
+from pipeline import console, credentials
+from pipeline.errors import PipelineInputError
 
-from mnist_contract import examples, framing
-from pipeline import storage
+# TensorFlow and Beam are imported on first use, so --help answers at once.
 
 
 class VerificationError(Exception):
@@ -29,6 +31,7 @@ class VerificationError(Exception):
 
 
 def verify(output: str) -> contract.Manifest:
+    from pipeline import storage
     storage.use_anonymous_gcs_for_emulator()
     manifest_path = contract.join_path(output, contract.MANIFEST_FILE)
     if not storage.exists(manifest_path):
@@ -79,6 +82,8 @@ class _HashingReader:
 def _verify_shard(path: str, shard: contract.ShardInfo,
                   manifest: contract.Manifest) -> list[int]:
     """Streams one shard: records decoded one by one, size and sha256 at the end."""
+    from mnist_contract import examples, framing
+    from pipeline import storage
     if not storage.exists(path):
         raise VerificationError(f"{path}: listed in the manifest but missing")
     indices = []
@@ -121,11 +126,29 @@ def _size_or_hash_problem(path: str, hashed: _HashingReader,
     return ""
 
 
+def _help_text() -> str:
+    """The module docstring as plain text: no reST markup, no usage line."""
+    text = re.sub(r"``([^`]*)``", r"\1", __doc__).split(": ", 1)[1]
+    return text[0].upper() + text[1:]
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.verify",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("output", help="dataset folder or gs:// prefix")
+    console.set_tensorflow_log_level()
+    parser = argparse.ArgumentParser(
+        prog="python -m pipeline.verify", usage="%(prog)s OUTPUT",
+        description=_help_text(), formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Exit status: 0 verified, 1 a problem (one line 'error: FILE: "
+               "problem'), 2 bad arguments.")
+    parser.add_argument("output", help="dataset folder or gs://bucket/prefix")
     args = parser.parse_args(argv)
+    what = credentials.needs_google([args.output], None)
+    if what:
+        try:
+            credentials.check(what)
+        except PipelineInputError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+    console.import_tensorflow_quietly()
     try:
         manifest = verify(args.output)
     except VerificationError as e:

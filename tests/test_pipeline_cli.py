@@ -1,6 +1,7 @@
 """The job's command line: flags checked before anything runs, one line per refusal."""
 
 import argparse
+import os
 import subprocess
 import sys
 
@@ -186,3 +187,66 @@ def test_help_lists_every_option_with_default_and_imports_no_beam():
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_verify_help_is_plain_text_and_imports_no_tensorflow():
+    result = subprocess.run([sys.executable, "-m", "pipeline.verify", "--help"], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage: python -m pipeline.verify OUTPUT\n\n"
+                                    "Re-reads a written dataset end to end.\n")
+    assert "``" not in result.stdout and "`" not in result.stdout
+    assert "index values must be exactly 0..N-1" in result.stdout
+    assert "Exit status: 0 verified, 1 a problem" in result.stdout
+    probe = ("import sys\nfrom pipeline.verify import main\n"
+             "try:\n    main(['--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
+             "print(sorted(m for m in ('tensorflow', 'apache_beam') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+NOISE_MARKERS = ("cuInit", "oneDNN", "cudart_stub", "absl::InitializeLog",
+                 "cpu_feature_guard", "rebuild TensorFlow")
+
+
+@pytest.mark.parametrize("line, noise", [
+    (b"WARNING: All log messages before absl::InitializeLog() is called are written "
+     b"to STDERR\n", True),
+    (b"I0000 00:00:1795992386.381989   13101 port.cc:153] oneDNN custom operations "
+     b"are on.\n", True),
+    (b"I0000 00:00:1795992386.382327   13101 cudart_stub.cc:31] Could not find cuda "
+     b"drivers on your machine, GPU will not be used.\n", True),
+    (b"E0000 00:00:1795992393.367637   13101 cuda_platform.cc:52] failed call to "
+     b"cuInit: INTERNAL: CUDA error: Failed call to cuInit: UNKNOWN ERROR (303)\n", True),
+    (b"To enable the following instructions: AVX2 FMA, in other operations, rebuild "
+     b"TensorFlow with the appropriate compiler flags.\n", True),
+    (b"E0000 00:00:1795992393.367637   13101 some_op.cc:52] real failure\n", False),
+    (b"Traceback (most recent call last):\n", False),
+])
+def test_startup_noise_is_recognised(line, noise):
+    from pipeline import console
+    assert console.is_startup_noise(line) is noise
+
+
+def test_a_run_prints_no_startup_noise_and_each_fact_once(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    out = tmp_path / "out"
+    result = subprocess.run([sys.executable, "-m", "pipeline", "--source=sample",
+                             f"--output={out}"], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    for marker in NOISE_MARKERS:
+        assert marker not in result.stderr, result.stderr
+    assert result.stderr.count("Source:") == 1, result.stderr
+    assert result.stderr.count("offline sample") == 1
+    everything = result.stdout + result.stderr
+    assert everything.count("4000 examples") == 1, everything
+    assert everything.count("1000 examples") == 1, everything
+    assert result.stdout.splitlines() == [
+        f"test: 1000 examples in 1 shard(s) of ~854,872 bytes -> {out}",
+        f"train: 4000 examples in 1 shard(s) of ~3,419,872 bytes -> {out}"]
+    result = subprocess.run([sys.executable, "-m", "pipeline.verify", str(out)], cwd=REPO,
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stderr == "", result.stderr
