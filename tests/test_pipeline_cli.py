@@ -250,3 +250,18 @@ def test_a_run_prints_no_startup_noise_and_each_fact_once(tmp_path):
     result = subprocess.run([sys.executable, "-m", "pipeline.verify", str(out)], cwd=REPO,
                             env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and result.stderr == "", result.stderr
+
+
+def test_console_scripts_are_declared_and_documented():
+    import importlib
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts == {"mnist-pipeline": "pipeline.__main__:main",
+                       "mnist-trainer": "trainer.__main__:main",
+                       "mnist-verify": "pipeline.verify:main"}
+    readme = (REPO / "README.md").read_text()
+    for name, target in scripts.items():
+        assert f"`{name}`" in readme
+        if name != "mnist-trainer":  # the trainer's own tests cover it
+            module, function = target.split(":")
+            assert callable(getattr(importlib.import_module(module), function))
