@@ -129,20 +129,35 @@ def stage_sources(dest: Path, pyproject: Mapping,
     return dest
 
 
-def build_wheel(python: str, dist_dir: Path, build_isolation: bool,
-                pyproject: Mapping, repo_root: Path = REPO_ROOT) -> Path:
-    """Build the project wheel into ``dist_dir`` and return its path."""
+def prepare_wheel_build(dist_dir: Path, pyproject: Mapping,
+                        repo_root: Path = REPO_ROOT) -> Path:
+    """Remove an old wheel and stage the sources; return the wheel's path.
+
+    What ``wheel_build_command(python, dist_dir / "src", dist_dir)`` needs
+    in place before it runs.
+    """
     name, version = project_name_version(pyproject)
     wheel = dist_dir / wheel_filename(name, version)
     if wheel.exists():
         wheel.unlink()
-    source = stage_sources(dist_dir / "src", pyproject, repo_root)
-    rc = run_command(wheel_build_command(python, source, dist_dir,
-                                         build_isolation))
+    stage_sources(dist_dir / "src", pyproject, repo_root)
+    return wheel
+
+
+def check_wheel_build(rc: int, wheel: Path) -> None:
     if rc != 0:
         raise ConfigError(f"building the project wheel failed (exit {rc})")
     if not wheel.is_file():
         raise ConfigError(f"the wheel build did not produce {wheel}")
+
+
+def build_wheel(python: str, dist_dir: Path, build_isolation: bool,
+                pyproject: Mapping, repo_root: Path = REPO_ROOT) -> Path:
+    """Build the project wheel into ``dist_dir`` and return its path."""
+    wheel = prepare_wheel_build(dist_dir, pyproject, repo_root)
+    rc = run_command(wheel_build_command(python, dist_dir / "src", dist_dir,
+                                         build_isolation))
+    check_wheel_build(rc, wheel)
     return wheel
 
 
@@ -178,6 +193,20 @@ def run_command(cmd: Sequence[str], cwd: Path | None = None) -> int:
     except FileNotFoundError:
         print(f"error: {cmd[0]}: command not found", file=sys.stderr)
         return 127
+
+
+def run_command_output(cmd: Sequence[str],
+                       cwd: Path | None = None) -> tuple[int, str]:
+    """Like ``run_command``, but return stdout (as text) instead of showing it."""
+    print("+ " + shlex.join(list(cmd)), file=sys.stderr, flush=True)
+    try:
+        proc = subprocess.run(list(cmd), cwd=cwd, check=False,
+                              stdout=subprocess.PIPE, text=True,
+                              errors="replace")
+    except FileNotFoundError:
+        print(f"error: {cmd[0]}: command not found", file=sys.stderr)
+        return 127, ""
+    return proc.returncode, proc.stdout
 
 
 def fail(message: str, code: int = 2) -> int:

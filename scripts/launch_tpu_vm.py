@@ -5,9 +5,9 @@
         --accelerator_type=v4-8 --data=gs://BUCKET/mnist \\
         --model_dir=gs://BUCKET/runs/1 --delete_after [--dry_run] [TRAINER ARGS]
 
-Steps (each is also a subcommand: create, setup, train, delete; ``all`` runs
-create, setup, train and, with ``--delete_after``, delete even when training
-failed, so a failed run does not leave a TPU billing):
+Steps, each also a subcommand; ``all`` runs create, setup, train, wait and,
+with ``--delete_after``, delete even when training failed or the wait gave
+up, so a failed run does not leave a TPU billing:
 
 create  ``gcloud compute tpus tpu-vm create NAME --zone --accelerator-type
         --version``.
@@ -15,8 +15,23 @@ setup   builds this project's wheel here, copies it to every host
         (``tpu-vm scp --worker=all``) and installs on every host
         (``tpu-vm ssh --worker=all``): TensorFlow for TPU, the tf-keras that
         matches it, then the wheel with ``--no-deps``, then an import check.
-train   ``python3 -m trainer --strategy=tpu`` on the TPU host(s).
+train   starts ``python3 -m trainer --preset=tpu --strategy=tpu`` on the TPU
+        host(s) detached from the ssh session (SIGHUP ignored, stdin from
+        /dev/null, output to ``~/mnist-tpu/train.log``) and returns, so a
+        dropped connection does not stop training. The host keeps the
+        trainer's pid in ``~/mnist-tpu/train.pid`` and, when it ends, its
+        exit status in ``~/mnist-tpu/train.exit``.
+wait    asks every host for that state every ``--poll_seconds`` until the
+        trainer has exited, then exits with the trainer's status; 124 after
+        ``--wait_timeout`` seconds, 255 when several checks in a row fail.
+status  asks once: prints one line per host, exits 0 while running.
+logs    prints the last ``--lines`` lines of every host's log; ``--follow``
+        keeps printing until the trainer exits.
 delete  ``gcloud compute tpus tpu-vm delete NAME --quiet``.
+
+``--preset=tpu`` (the trainer's TPU recipe: guide model, global batch 1024,
+bfloat16, 50 steps per execution) comes first, so trainer arguments given
+here override its values; a ``--preset`` given here replaces it.
 
 TensorFlow on the TPU VM. The project pins tensorflow==2.21.0, but that wheel
 is built without TPU support: only the separate ``tensorflow-tpu`` wheel is
@@ -49,8 +64,9 @@ Settings come from flags, else from environment variables:
                          (optional: gcloud's configured project otherwise)
 
 Arguments this script does not know go to ``python -m trainer`` (e.g.
-``--loop=custom --epochs=5``). ``--dry_run`` prints the commands and exits 0
-without running anything.
+``--loop=custom --epochs=5``). ``--dry_run`` prints, one a line, exactly the
+commands the step runs, in order (``wait`` repeats its one command), and
+exits 0 without running anything.
 """
 
 from __future__ import annotations
@@ -60,14 +76,27 @@ import dataclasses
 import re
 import shlex
 import sys
+import time
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import launch_common as lc  # noqa: E402
 
-STEPS = ("create", "setup", "train", "delete")
+STEPS = ("create", "setup", "train", "wait", "delete")
+# Steps that only talk to an existing VM: they need its name and zone alone.
+VM_STEPS = ("wait", "status", "logs", "delete")
+VERBS = STEPS + ("status", "logs", "all")
+TRAINER_PRESET = "--preset=tpu"
+# On every host, relative to the login user's home.
+REMOTE_DIR = "~/mnist-tpu"
+STATUS_PREFIX = "mnist-train:"
+_STATUS_RE = re.compile(re.escape(STATUS_PREFIX) + r" (?P<state>running|"
+                        r"exited status=(?P<code>\d+)|stopped|not started)")
+EXIT_TIMEOUT = 124   # as timeout(1)
+EXIT_LOST = 255      # as ssh when it cannot reach the host
+POLL_FAILURES = 5    # failed status checks in a row before ``wait`` gives up
 DEFAULT_TENSORFLOW = "tensorflow-tpu==2.20.0"
 PREINSTALLED = "preinstalled"
 LIBTPU_FIND_LINKS = "https://storage.googleapis.com/libtpu-tf-releases/index.html"
@@ -110,6 +139,10 @@ class TpuConfig:
     model_dir: str | None = None
     trainer_args: list[str] = dataclasses.field(default_factory=list)
     delete_after: bool = False
+    poll_seconds: float = 60.0
+    wait_timeout: float = 86400.0
+    lines: int = 100
+    follow: bool = False
     gcloud: str = "gcloud"
     python: str = sys.executable
     dist_dir: Path = DEFAULT_DIST_DIR
@@ -158,13 +191,22 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     common.add_argument("--model_dir", help="gs:// folder for checkpoints")
     common.add_argument("--delete_after", action="store_true",
                         help="with `all`: delete the TPU VM at the end")
+    common.add_argument("--poll_seconds", type=float, default=60.0,
+                        help="wait/all: seconds between status checks")
+    common.add_argument("--wait_timeout", type=float, default=86400.0,
+                        help="wait/all: give up (exit 124) after this many "
+                             "seconds of training")
+    common.add_argument("--lines", type=int, default=100,
+                        help="logs: lines to print from the end of each log")
+    common.add_argument("--follow", action="store_true",
+                        help="logs: keep printing until the trainer exits")
     common.add_argument("--gcloud", default="gcloud")
     common.add_argument("--python", default=sys.executable,
                         help="interpreter that builds the wheel here")
     common.add_argument("--dist_dir", type=Path, default=DEFAULT_DIST_DIR)
     common.add_argument("--no_build_isolation", action="store_true")
     common.add_argument("--dry_run", action="store_true",
-                        help="print the commands and exit")
+                        help="print the commands a run executes, and exit")
     parser = argparse.ArgumentParser(
         allow_abbrev=False,
         description="Cloud TPU VM launcher for the trainer. Unknown "
@@ -172,7 +214,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Settings come from" + __doc__.split("Settings come from", 1)[1])
     sub = parser.add_subparsers(dest="step", required=True)
-    for step in STEPS + ("all",):
+    for step in VERBS:
         sub.add_parser(step, parents=[common], allow_abbrev=False)
     return parser.parse_known_args(list(argv))
 
@@ -181,6 +223,15 @@ def resolve_config(args: argparse.Namespace, trainer_args: Sequence[str],
                    environ: Mapping[str, str] | None = None) -> TpuConfig:
     """Merge flags with environment variables and validate; ConfigError."""
     steps = STEPS if args.step == "all" else (args.step,)
+    if args.poll_seconds < 0:
+        raise lc.ConfigError("--poll_seconds must be 0 or more")
+    if args.wait_timeout <= 0:
+        raise lc.ConfigError("--wait_timeout must be positive")
+    if args.lines < 1:
+        raise lc.ConfigError("--lines must be at least 1")
+    if trainer_args and "train" not in steps:
+        raise lc.ConfigError(f"{args.step} takes no trainer arguments, got "
+                             f"{shlex.join(trainer_args)}")
     name = lc.first_setting(args.name, lc.env("TPU_NAME", environ=environ))
     if not name:
         raise lc.ConfigError("--name is required (or set TPU_NAME)")
@@ -194,10 +245,12 @@ def resolve_config(args: argparse.Namespace, trainer_args: Sequence[str],
             "GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT", environ=environ)),
         libtpu=args.libtpu, spot=args.spot,
         trainer_args=list(trainer_args), delete_after=args.delete_after,
+        poll_seconds=args.poll_seconds, wait_timeout=args.wait_timeout,
+        lines=args.lines, follow=args.follow,
         gcloud=args.gcloud, python=args.python,
         dist_dir=Path(args.dist_dir).resolve(),
         build_isolation=not args.no_build_isolation)
-    if steps == ("delete",):
+    if set(steps) <= set(VM_STEPS):
         return cfg
     accelerator = lc.first_setting(args.accelerator_type, lc.env(
         "TPU_ACCELERATOR_TYPE", environ=environ))
@@ -297,44 +350,232 @@ def setup_commands(cfg: TpuConfig, pyproject: Mapping) -> list[lc.Command]:
     ]
 
 
-def train_script(cfg: TpuConfig) -> str:
+def trainer_command(cfg: TpuConfig) -> list[str]:
+    """``python3 -m trainer`` with the TPU preset unless one is given."""
     tpu = cfg.name if cfg.multi_host else "local"
-    trainer = ["python3", "-m", "trainer", "--strategy=tpu", f"--tpu={tpu}",
-               f"--data={cfg.data}", f"--model_dir={cfg.model_dir}",
-               *cfg.trainer_args]
+    own_preset = any(a == "--preset" or a.startswith("--preset=")
+                     for a in cfg.trainer_args)
+    preset = [] if own_preset else [TRAINER_PRESET]
+    return ["python3", "-m", "trainer", *preset, "--strategy=tpu",
+            f"--tpu={tpu}", f"--data={cfg.data}",
+            f"--model_dir={cfg.model_dir}", *cfg.trainer_args]
+
+
+def train_script(cfg: TpuConfig) -> str:
+    """Start the trainer in the background on a host and return.
+
+    The trainer runs in a subshell that ignores SIGHUP (what ``nohup``
+    does), reads /dev/null and writes ``train.log``, so neither the end of
+    this ssh session nor a dropped connection reaches it. The subshell's
+    pid goes to ``train.pid`` before this script returns; when the trainer
+    ends, the subshell writes its status to ``train.exit`` (renamed into
+    place, so a reader never sees it half written). A host where a trainer
+    is still running refuses to start a second one.
+    """
     prefix = "TPU_LOAD_LIBRARY=0 " if cfg.multi_host else ""
-    return "cd ~ && " + prefix + shlex.join(trainer)
+    return "; ".join([
+        f"mkdir -p {REMOTE_DIR}",
+        f"cd {REMOTE_DIR} || exit 1",
+        'if [ -f train.pid ] && [ ! -f train.exit ] && '
+        'kill -0 "$(cat train.pid)" 2>/dev/null; then '
+        'echo "error: $(hostname): a trainer is already running, pid '
+        '$(cat train.pid); see the logs step" >&2; exit 1; fi',
+        "rm -f train.pid train.exit train.exit.tmp",
+        "if [ -f train.log ]; then mv train.log train.log.prev; fi",
+        '( trap "" HUP; ' + prefix + shlex.join(trainer_command(cfg))
+        + '; echo $? > train.exit.tmp && mv train.exit.tmp train.exit )'
+        " < /dev/null > train.log 2>&1 & echo $! > train.pid",
+        'echo "trainer started on $(hostname), pid $(cat train.pid), log '
+        f'{REMOTE_DIR}/train.log"',
+    ])
+
+
+def status_script() -> str:
+    """One ``mnist-train: STATE on HOST`` line from a host.
+
+    ``train.exit`` is read first: the subshell is alive until just after
+    it writes that file, so there is no moment with neither.
+    """
+    line = f'echo "{STATUS_PREFIX} '
+    return "; ".join([
+        f"if ! cd {REMOTE_DIR} 2>/dev/null || [ ! -f train.pid ]; then "
+        f'{line}not started on $(hostname)"',
+        f'elif [ -f train.exit ]; then {line}exited status=$(cat train.exit)'
+        ' on $(hostname)"',
+        'elif kill -0 "$(cat train.pid)" 2>/dev/null; then '
+        f'{line}running pid=$(cat train.pid) on $(hostname)"',
+        f'else {line}stopped without an exit status (killed, or the host '
+        'restarted) on $(hostname)"; fi',
+    ])
+
+
+def logs_script(cfg: TpuConfig) -> str:
+    """The end of a host's log; following it stops when the trainer ends."""
+    tail = f"tail -n {cfg.lines}"
+    if cfg.follow:
+        show = ('if [ -f train.pid ] && [ ! -f train.exit ]; then '
+                f'{tail} -F --pid="$(cat train.pid)" train.log; '
+                f'else {tail} train.log; fi')
+    else:
+        show = f"{tail} train.log"
+    return (f"if cd {REMOTE_DIR} 2>/dev/null && [ -f train.log ]; then "
+            f"{show}; else echo \"$(hostname): no {REMOTE_DIR}/train.log\" "
+            ">&2; fi")
+
+
+def _train_worker(cfg: TpuConfig) -> str:
+    # One host: the same program on every worker (there is only worker 0).
+    # Several hosts: TensorFlow's single client on worker 0 drives the slice.
+    return "--worker=0" if cfg.multi_host else "--worker=all"
 
 
 def train_commands(cfg: TpuConfig) -> list[lc.Command]:
-    # One host: the same program on every worker (there is only worker 0).
-    # Several hosts: TensorFlow's single client on worker 0 drives the slice.
-    worker = "--worker=0" if cfg.multi_host else "--worker=all"
-    return [_gcloud(cfg, "ssh", cfg.name, worker,
+    return [_gcloud(cfg, "ssh", cfg.name, _train_worker(cfg),
                     f"--command={train_script(cfg)}")]
+
+
+def status_commands(cfg: TpuConfig) -> list[lc.Command]:
+    # Every worker: hosts that run no trainer answer "not started".
+    return [_gcloud(cfg, "ssh", cfg.name, "--worker=all",
+                    f"--command={status_script()}")]
+
+
+def logs_commands(cfg: TpuConfig) -> list[lc.Command]:
+    return [_gcloud(cfg, "ssh", cfg.name, "--worker=all",
+                    f"--command={logs_script(cfg)}")]
 
 
 def delete_commands(cfg: TpuConfig) -> list[lc.Command]:
     return [_gcloud(cfg, "delete", cfg.name, "--quiet")]
 
 
-def plan(step: str, cfg: TpuConfig, pyproject: Mapping) -> list[lc.Command]:
-    """Every command ``step`` runs, in order."""
+def phases(step: str, cfg: TpuConfig,
+           pyproject: Mapping) -> list[tuple[str, list[lc.Command]]]:
+    """The steps ``step`` runs, in order, each with its commands.
+
+    The one source of what runs: ``execute`` runs these commands and
+    ``--dry_run`` prints them.
+    """
     builders = {
         "create": lambda: create_commands(cfg),
         "setup": lambda: setup_commands(cfg, pyproject),
         "train": lambda: train_commands(cfg),
+        "wait": lambda: status_commands(cfg),
+        "status": lambda: status_commands(cfg),
+        "logs": lambda: logs_commands(cfg),
         "delete": lambda: delete_commands(cfg),
     }
-    if step != "all":
-        return builders[step]()
-    steps = ["create", "setup", "train"] + (["delete"] if cfg.delete_after
-                                            else [])
-    return [cmd for s in steps for cmd in builders[s]()]
+    names = [step]
+    if step == "all":
+        names = ["create", "setup", "train", "wait"] + (
+            ["delete"] if cfg.delete_after else [])
+    return [(name, builders[name]()) for name in names]
 
 
-def _run_all(commands: Sequence[lc.Command]) -> int:
+def plan(step: str, cfg: TpuConfig, pyproject: Mapping) -> list[lc.Command]:
+    """Every command ``step`` runs, in order (``wait`` repeats its one)."""
+    return [cmd for _, cmds in phases(step, cfg, pyproject) for cmd in cmds]
+
+
+def parse_status(output: str) -> list[tuple[str, int | None]]:
+    """``(state, exit status)`` per host from the status script's output.
+
+    state: ``running``, ``exited``, ``stopped`` or ``not started``.
+    """
+    found = []
+    for match in _STATUS_RE.finditer(output):
+        state = match["state"]
+        if state.startswith("exited"):
+            found.append(("exited", int(match["code"])))
+        else:
+            found.append((state, None))
+    return found
+
+
+def summarize_status(states: Sequence[tuple[str, int | None]]
+                     ) -> tuple[str, int]:
+    """One state for the slice, and the exit code it maps to.
+
+    Running anywhere means running (0). Otherwise the trainer's status: the
+    first non-zero one among hosts that ran it, 1 if one stopped without a
+    status, 1 when no host started a trainer at all.
+    """
+    if any(state == "running" for state, _ in states):
+        return "running", 0
+    ran = [(s, c) for s, c in states if s != "not started"]
+    if not ran:
+        return "not started", 1
+    if any(state == "stopped" for state, _ in ran):
+        return "stopped", 1
+    codes = [c for _, c in ran if c]
+    return "exited", codes[0] if codes else 0
+
+
+Runner = Callable[[lc.Command], tuple[int, str]]
+
+
+def wait_for_trainer(cfg: TpuConfig, cmd: lc.Command,
+                     run: Runner = lc.run_command_output,
+                     sleep: Callable[[float], None] = time.sleep,
+                     clock: Callable[[], float] = time.monotonic) -> int:
+    """Run the status command until the trainer exits; its exit status.
+
+    A failed check (the VM unreachable for a moment) is retried; after
+    ``POLL_FAILURES`` in a row the wait gives up with 255. After
+    ``cfg.wait_timeout`` seconds of a running trainer it gives up with 124.
+    Giving up never stops the trainer.
+    """
+    start, failures = clock(), 0
+    while True:
+        rc, output = run(cmd)
+        states = parse_status(output)
+        if rc != 0 or not states:
+            failures += 1
+            if failures >= POLL_FAILURES:
+                return lc.fail(f"{cfg.name}: {failures} status checks in a "
+                               f"row failed (last exit {rc}); training may "
+                               "still be running", EXIT_LOST)
+        else:
+            failures = 0
+            state, code = summarize_status(states)
+            if state == "exited":
+                print(f"training on {cfg.name} finished with exit status "
+                      f"{code}", file=sys.stderr)
+                return code
+            if state == "stopped":
+                return lc.fail(f"{cfg.name}: the trainer stopped without an "
+                               "exit status (killed, or the host restarted);"
+                               " see the logs step", 1)
+            if state == "not started":
+                return lc.fail(f"{cfg.name}: no trainer was started there "
+                               f"({REMOTE_DIR}/train.pid is missing)", 1)
+        if clock() - start >= cfg.wait_timeout:
+            return lc.fail(f"{cfg.name}: training still running after "
+                           f"{cfg.wait_timeout:g} s (--wait_timeout); it "
+                           "goes on, see the status and logs steps",
+                           EXIT_TIMEOUT)
+        sleep(cfg.poll_seconds)
+
+
+def _run_phase(name: str, commands: Sequence[lc.Command], cfg: TpuConfig,
+               pyproject: Mapping) -> int:
+    if name == "wait":
+        [cmd] = commands
+        return wait_for_trainer(cfg, cmd)
+    if name == "status":
+        [cmd] = commands
+        rc, output = lc.run_command_output(cmd)
+        sys.stdout.write(output)
+        if rc != 0:
+            return rc
+        return summarize_status(parse_status(output))[1]
+    build = lc.wheel_build_command(cfg.python, cfg.dist_dir / "src",
+                                   cfg.dist_dir, cfg.build_isolation)
     for cmd in commands:
+        if cmd == build:
+            wheel = lc.prepare_wheel_build(cfg.dist_dir, pyproject)
+            lc.check_wheel_build(lc.run_command(cmd, cwd=lc.REPO_ROOT), wheel)
+            continue
         rc = lc.run_command(cmd, cwd=lc.REPO_ROOT)
         if rc != 0:
             return rc
@@ -342,26 +583,24 @@ def _run_all(commands: Sequence[lc.Command]) -> int:
 
 
 def execute(step: str, cfg: TpuConfig, pyproject: Mapping) -> int:
-    def run_step(name: str) -> int:
-        if name == "setup":
-            lc.build_wheel(cfg.python, cfg.dist_dir, cfg.build_isolation,
-                           pyproject)
-            return _run_all(setup_commands(cfg, pyproject)[1:])
-        return _run_all(plan(name, cfg, pyproject))
+    """Run ``phases(step)`` until one fails.
 
-    if step != "all":
-        return run_step(step)
-    rc = run_step("create")
-    if rc != 0:
-        return rc
+    In ``all`` the final delete (``--delete_after``) runs once the VM was
+    created, whatever happens after: a failure, a wait that gave up, an
+    interrupt.
+    """
+    work = phases(step, cfg, pyproject)
+    delete = work.pop() if step == "all" and cfg.delete_after else None
+    rc, created = 0, False
     try:
-        for name in ("setup", "train"):
-            rc = run_step(name)
+        for name, commands in work:
+            rc = _run_phase(name, commands, cfg, pyproject)
             if rc != 0:
                 break
+            created = created or name == "create"
     finally:
-        if cfg.delete_after:
-            delete_rc = run_step("delete")
+        if delete and created:
+            delete_rc = _run_phase(*delete, cfg, pyproject)
             rc = rc or delete_rc
     return rc
 
@@ -373,6 +612,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         pyproject = lc.load_pyproject()
         if args.dry_run:
             print(lc.format_commands(plan(args.step, cfg, pyproject)))
+            if args.step in ("all", "wait"):
+                print(f"# the status command repeats every "
+                      f"{cfg.poll_seconds:g} s until the trainer exits "
+                      f"(--wait_timeout {cfg.wait_timeout:g} s)",
+                      file=sys.stderr)
             return 0
         return execute(args.step, cfg, pyproject)
     except lc.ConfigError as exc:
