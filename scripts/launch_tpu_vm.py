@@ -24,7 +24,8 @@ train   starts ``python3 -m trainer --preset=tpu --strategy=tpu`` on the TPU
 wait    asks every host for that state every ``--poll_seconds`` until the
         trainer has exited, then exits with the trainer's status; 124 after
         ``--wait_timeout`` seconds, 255 when several checks in a row fail.
-status  asks once: prints one line per host, exits 0 while running.
+status  asks once: prints one line per host; exits 0 while training runs or
+        after it succeeded, else with the trainer's status (1 if none).
 logs    prints the last ``--lines`` lines of every host's log; ``--follow``
         keeps printing until the trainer exits.
 delete  ``gcloud compute tpus tpu-vm delete NAME --quiet``.
@@ -621,6 +622,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return execute(args.step, cfg, pyproject)
     except lc.ConfigError as exc:
         return lc.fail(str(exc))
+    except KeyboardInterrupt:
+        # Training on the hosts goes on (``all --delete_after`` has deleted
+        # the VM by now).
+        return lc.fail("interrupted", 130)
 
 
 if __name__ == "__main__":

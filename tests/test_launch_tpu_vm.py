@@ -582,3 +582,23 @@ def test_tpu_invalid_setting_is_a_clear_error(step, extra, message):
     assert proc.stdout == ""
     assert len(proc.stderr.strip().splitlines()) == 1
     assert proc.stderr.startswith("error: " + message)
+
+
+def test_tpu_all_interrupted_while_waiting_still_deletes(tmp_path):
+    env, log, python = fake_cloud(tmp_path)
+    gcloud = Path(env["PATH"].split(os.pathsep)[0]) / "gcloud"
+    # Ctrl-C at the terminal reaches the launcher during the first check.
+    gcloud.write_text(gcloud.read_text().replace(
+        "    polls = pathlib.Path(",
+        "    import os, signal\n"
+        "    os.kill(os.getppid(), signal.SIGINT)\n"
+        "    polls = pathlib.Path("))
+    proc = run_script("launch_tpu_vm.py", "all", *TPU_ARGS, "--delete_after",
+                      f"--python={python}", f"--dist_dir={tmp_path / 'd'}",
+                      env=env)
+    assert proc.returncode == 130
+    assert proc.stderr.strip().splitlines()[-1] == "error: interrupted"
+    assert "Traceback" not in proc.stderr
+    verbs = [shlex.split(c)[4] for c in log.read_text().splitlines()
+             if c.startswith("gcloud")]
+    assert verbs == ["create", "scp", "ssh", "ssh", "ssh", "delete"]
