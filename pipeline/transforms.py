@@ -24,9 +24,12 @@ Element types, as the type aliases below name them:
 
     ReadTask      (split, task number, the source's task)
     KeyedBatch    ((split, bucket), [(shuffle key, Example bytes), ...])
-    BucketSizes   (split, int64 array [buckets, 2] of (records, shard bytes))
+    BucketSizes   (split, (bucket ids, records, shard bytes)), int64 arrays
     Plans         {split: sharding.ShardPlan}            (one element)
-    SpillRun      (split, path, bucket ids, start offsets, end offsets)
+    SpillRun      (split, path, (bucket ids, records, shard bytes), starts, ends)
+
+Every ParDo has a single output: Beam's DaskRunner sends all tagged outputs of
+a multi-output ParDo into one collection.
     ShardRange    ((split, shard), (path, start, end))
     WrittenShard  {"split", "file", "num_examples", "num_bytes", "sha256"}
 """
@@ -56,8 +59,8 @@ ESTIMATED_RECORD_BYTES = contract.IMAGE_BYTES + 64
 
 ReadTask = tuple[str, int, Any]
 KeyedBatch = tuple[tuple[str, int], list[tuple[bytes, bytes]]]
-BucketSizes = tuple[str, np.ndarray]
-SpillRun = tuple[str, str, np.ndarray, np.ndarray, np.ndarray]
+BucketSizes = tuple[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
+SpillRun = tuple[str, str, tuple[np.ndarray, np.ndarray, np.ndarray], np.ndarray, np.ndarray]
 ShardRange = tuple[tuple[str, int], tuple[str, int, int]]
 WrittenShard = dict
 
@@ -148,30 +151,23 @@ class _SourceFn(beam.DoFn):
             read.inc(len(batch.indices))
 
 
-def _bucket_sizes(split: str, bits: int, buckets: np.ndarray,
-                  examples: list[bytes]) -> BucketSizes:
-    """Records and shard bytes per bucket of one chunk, as a dense array."""
-    sizes = np.zeros((1 << bits, 2), np.int64)
-    lengths = np.fromiter(map(len, examples), np.int64, len(examples))
-    np.add.at(sizes[:, 0], buckets, 1)
-    np.add.at(sizes[:, 1], buckets, lengths + framing.RECORD_OVERHEAD)
-    return split, sizes
-
-
 class _EncodeByBucketFn(_SourceFn):
     def process(self, element: ReadTask) -> Iterator[KeyedBatch]:
         split, _, task = element
-        bits = self._settings.bucket_bits(split)
         for buckets, keys, examples in self._encoded_chunks(split, task):
-            yield beam.pvalue.TaggedOutput("sizes", _bucket_sizes(split, bits, buckets,
-                                                                  examples))
             for bucket, pairs in group_by_bucket(buckets, keys, examples):
                 yield (split, bucket), pairs
 
 
+def batch_sizes(element: KeyedBatch) -> BucketSizes:
+    """The records and shard bytes a KeyedBatch adds to its bucket."""
+    (split, bucket), pairs = element
+    size = sum(len(example) for _, example in pairs) + framing.RECORD_OVERHEAD * len(pairs)
+    return split, (np.array([bucket]), np.array([len(pairs)]), np.array([size]))
+
+
 class EncodeByBucket(beam.PTransform):
-    """PCollection[ReadTask] -> {"records": PCollection[KeyedBatch],
-    "sizes": PCollection[BucketSizes]}.
+    """PCollection[ReadTask] -> PCollection[KeyedBatch].
 
     One element per (chunk, bucket) rather than per record: far fewer
     elements for the runner to move.
@@ -182,26 +178,30 @@ class EncodeByBucket(beam.PTransform):
         self._settings = settings
 
     def expand(self, tasks):
-        out = tasks | "Encode" >> beam.ParDo(_EncodeByBucketFn(self._settings)).with_outputs(
-            "sizes", main="records")
-        return {"records": out.records, "sizes": out.sizes}
+        return tasks | "Encode" >> beam.ParDo(_EncodeByBucketFn(self._settings))
 
 
 class _SpillFn(_SourceFn):
-    def process(self, element: ReadTask):
+    def process(self, element: ReadTask) -> Iterator[SpillRun]:
         split, task_index, task = element
-        bits = self._settings.bucket_bits(split)
         for chunk, (buckets, keys, examples) in enumerate(self._encoded_chunks(split, task)):
             path = contract.join_path(self._settings.spill_dir(),
                                       f"{split}-{task_index:06d}-{chunk:06d}")
             ids, starts, ends = write_spill(path, buckets, keys, examples)
-            yield _bucket_sizes(split, bits, buckets, examples)
-            yield beam.pvalue.TaggedOutput("spills", (split, path, ids, starts, ends))
+            lengths = np.fromiter(map(len, examples), np.int64, len(examples))
+            counts = np.bincount(buckets, minlength=ids[-1] + 1 if len(ids) else 0)[ids]
+            sizes = np.bincount(buckets, lengths + framing.RECORD_OVERHEAD,
+                                minlength=ids[-1] + 1 if len(ids) else 0)[ids]
+            yield split, path, (ids, counts, sizes.astype(np.int64)), starts, ends
+
+
+def spill_sizes(spill: SpillRun) -> BucketSizes:
+    split, _, sizes, _, _ = spill
+    return split, sizes
 
 
 class SpillSortedRuns(beam.PTransform):
-    """PCollection[ReadTask] -> {"spills": PCollection[SpillRun],
-    "sizes": PCollection[BucketSizes]}.
+    """PCollection[ReadTask] -> PCollection[SpillRun].
 
     Each chunk of a read task is written, sorted by key, to its own spill
     file under ``settings.spill_dir()``.
@@ -212,28 +212,25 @@ class SpillSortedRuns(beam.PTransform):
         self._settings = settings
 
     def expand(self, tasks):
-        out = tasks | "Spill" >> beam.ParDo(_SpillFn(self._settings)).with_outputs(
-            "spills", main="sizes")
-        return {"spills": out.spills, "sizes": out.sizes}
+        return tasks | "Spill" >> beam.ParDo(_SpillFn(self._settings))
 
 
-def _sum_arrays(arrays: Iterable[np.ndarray]) -> np.ndarray | None:
-    total = None
-    for a in arrays:
-        total = a.copy() if total is None else total + a
-    return total
+def _sum_per_split(grouped: tuple[str, Iterable]) -> tuple[str, dict[int, tuple[int, int]]]:
+    split, parts = grouped
+    totals: dict[int, list[int]] = {}
+    for ids, counts, sizes in parts:
+        for bucket, count, size in zip(ids.tolist(), counts.tolist(), sizes.tolist()):
+            total = totals.setdefault(bucket, [0, 0])
+            total[0] += count
+            total[1] += size
+    return split, {b: (c, n) for b, (c, n) in totals.items()}
 
 
-def make_plans(split_sizes: list[tuple[str, np.ndarray]], target_bytes: int,
+def make_plans(split_sizes: list[tuple[str, dict[int, tuple[int, int]]]], target_bytes: int,
                min_shards: int) -> dict[str, sharding.ShardPlan]:
-    """[(split, per-bucket sizes)] -> {split: ShardPlan}."""
-    plans = {}
-    for split, sizes in split_sizes:
-        nonempty = np.flatnonzero(sizes[:, 0])
-        plans[split] = sharding.plan_shards(
-            {int(b): (int(sizes[b, 0]), int(sizes[b, 1])) for b in nonempty},
-            target_bytes, min_shards)
-    return plans
+    """[(split, {bucket: (records, bytes)})] -> {split: ShardPlan}."""
+    return {split: sharding.plan_shards(sizes, target_bytes, min_shards)
+            for split, sizes in split_sizes}
 
 
 class PlanShards(beam.PTransform):
@@ -244,8 +241,10 @@ class PlanShards(beam.PTransform):
         self._settings = settings
 
     def expand(self, sizes):
+        # A plain GroupByKey rather than a combiner: the elements are few.
         return (sizes
-                | "SumPerSplit" >> beam.CombinePerKey(_sum_arrays)
+                | "GroupBySplit" >> beam.GroupByKey()
+                | "SumPerSplit" >> beam.Map(_sum_per_split)
                 | "CollectSplits" >> beam.combiners.ToList()
                 | "Plan" >> beam.Map(make_plans, self._settings.target_bytes,
                                      self._settings.min_shards))
@@ -308,7 +307,7 @@ class GroupAndWriteShards(beam.PTransform):
 
 def shard_ranges(spill: SpillRun, plans) -> Iterator[ShardRange]:
     """One spill run -> the byte range of it that each shard takes."""
-    split, path, ids, starts, ends = spill
+    split, path, (ids, _, _), starts, ends = spill
     if not len(ids):
         return
     lookup = plans[split].bucket_to_shard
@@ -381,8 +380,9 @@ class ConvertWithRunnerShuffle(beam.PTransform):
     def expand(self, pbegin):
         s = self._settings
         encoded = pbegin | "ReadTasks" >> ReadTasks(s) | "EncodeByBucket" >> EncodeByBucket(s)
-        plans = encoded["sizes"] | "PlanShards" >> PlanShards(s)
-        written = encoded["records"] | "WriteShards" >> GroupAndWriteShards(s, plans)
+        plans = (encoded | "BatchSizes" >> beam.Map(batch_sizes)
+                 | "PlanShards" >> PlanShards(s))
+        written = encoded | "WriteShards" >> GroupAndWriteShards(s, plans)
         _ = written | "WriteShardList" >> WriteShardList(s)
         return written
 
@@ -397,7 +397,8 @@ class ConvertWithFileShuffle(beam.PTransform):
     def expand(self, pbegin):
         s = self._settings
         spilled = pbegin | "ReadTasks" >> ReadTasks(s) | "SpillSortedRuns" >> SpillSortedRuns(s)
-        plans = spilled["sizes"] | "PlanShards" >> PlanShards(s)
-        written = spilled["spills"] | "WriteShards" >> MergeSpillsIntoShards(s, plans)
+        plans = (spilled | "SpillSizes" >> beam.Map(spill_sizes)
+                 | "PlanShards" >> PlanShards(s))
+        written = spilled | "WriteShards" >> MergeSpillsIntoShards(s, plans)
         _ = written | "WriteShardList" >> WriteShardList(s)
         return written
