@@ -100,7 +100,7 @@ def _report_counters(result, splits: Sequence[str]) -> dict[str, int]:
 
 def run(argv: Sequence[str]) -> contract.Manifest:
     """Runs the whole job and returns the manifest of what it wrote."""
-    storage.use_anonymous_gcs_for_emulator()
+    storage.configure_gcs()
     options = PipelineOptions(list(argv))
     conv = options.view_as(ConvertOptions)
     standard = options.view_as(StandardOptions)

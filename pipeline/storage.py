@@ -4,6 +4,11 @@ Beam's GCS client works against a local GCS API server when
 ``STORAGE_EMULATOR_HOST`` is set. Such a server takes no Google credentials,
 so in that case Beam's credential lookup (which retries for ~25 s when none
 exist) is skipped and the client connects anonymously.
+
+Beam's GCS I/O retries a failing request for 120 s (google-api-core's
+default ``Retry`` timeout) before it gives up. ``MNIST_GCS_RETRY_DEADLINE_S``
+sets that deadline in seconds for this job (driver and local workers), e.g.
+small in tests that stop the storage server on purpose.
 """
 
 from __future__ import annotations
@@ -17,17 +22,43 @@ from apache_beam.io.filesystems import FileSystems
 from mnist_contract import join_path
 
 _MIME = "application/octet-stream"
+RETRY_DEADLINE_ENV = "MNIST_GCS_RETRY_DEADLINE_S"
+
+
+def configure_gcs() -> None:
+    """Called by the driver and by each worker before touching gs://."""
+    apply_gcs_retry_deadline()
+    use_anonymous_gcs_for_emulator()
+
+
+def apply_gcs_retry_deadline() -> None:
+    """Gives Beam's GCS retries the deadline ``$MNIST_GCS_RETRY_DEADLINE_S``, if set.
+
+    Every ``GcsIO`` takes its retry policy from `gcsio_retry.get_retry`,
+    which returns one of two module-level ``google.api_core.retry.Retry``
+    objects; they are replaced by copies with the deadline
+    (``Retry.with_timeout``).
+    """
+    value = os.environ.get(RETRY_DEADLINE_ENV)
+    if not value:
+        return
+    deadline = float(value)
+    if not deadline > 0:
+        raise ValueError(f"{RETRY_DEADLINE_ENV}={value}: expected seconds > 0")
+    from apache_beam.io.gcp import gcsio_retry
+    gcsio_retry.DEFAULT_RETRY = gcsio_retry.DEFAULT_RETRY.with_timeout(deadline)
+    gcsio_retry.DEFAULT_RETRY_WITH_THROTTLING_COUNTER = (
+        gcsio_retry.DEFAULT_RETRY_WITH_THROTTLING_COUNTER.with_timeout(deadline))
 
 
 def use_anonymous_gcs_for_emulator() -> None:
-    """Called by the driver and by each worker before touching gs://."""
+    """Skips Google's credential lookup when a local GCS API server stands in."""
     if not os.environ.get("STORAGE_EMULATOR_HOST"):
         return
     from apache_beam.internal.gcp import auth
     with auth._Credentials._credentials_lock:  # pylint: disable=protected-access
         auth._Credentials._credentials = None  # pylint: disable=protected-access
         auth._Credentials._credentials_init = True  # pylint: disable=protected-access
-
 
 
 def is_remote(path: str) -> bool:

@@ -139,7 +139,7 @@ class _SourceFn(beam.DoFn):
         self._settings = settings
 
     def setup(self):
-        storage.use_anonymous_gcs_for_emulator()
+        storage.configure_gcs()
 
     def _encoded_chunks(self, split: str, task) -> Iterator[tuple[np.ndarray, list, list]]:
         """(buckets, keys, Example bytes) per source batch, in source order."""
@@ -255,7 +255,7 @@ class _ShardWriterFn(beam.DoFn):
         self._settings = settings
 
     def setup(self):
-        storage.use_anonymous_gcs_for_emulator()
+        storage.configure_gcs()
 
     def _write(self, split: str, shard: int, num_shards: int,
                examples: Iterable[bytes]) -> WrittenShard:
@@ -347,7 +347,7 @@ class MergeSpillsIntoShards(beam.PTransform):
 
 
 def write_shard_list(infos: list[WrittenShard], path: str) -> str:
-    storage.use_anonymous_gcs_for_emulator()
+    storage.configure_gcs()
     storage.write_bytes(path, json.dumps(sorted(infos, key=lambda i: i["file"]),
                                          indent=1).encode())
     return path

@@ -16,7 +16,7 @@ import pytest
 
 import mnist_contract as contract
 
-from pipeline import job
+from pipeline import job, storage
 from pipeline.errors import StorageError
 from pipeline.verify import main as verify_main
 from pipeline.verify import verify
@@ -111,12 +111,12 @@ def test_sigkill_mid_write_gcs(gcs_emulator):
 def test_storage_dies_mid_job_then_rerun_completes(tmp_path):
     """The GCS server stops partway: a clear failure, nothing published, rerun whole.
 
-    Beam's GCS client retries for 120 s before it gives up, so this test
-    takes a little over two minutes.
+    Beam's GCS client would retry for 120 s before giving up; the job's
+    retry deadline setting cuts that to a few seconds.
     """
     emulator = GcsEmulator(free_port(), data_dir=str(tmp_path / "gcs"))
     emulator.start()
-    env = {"STORAGE_EMULATOR_HOST": emulator.host}
+    env = {"STORAGE_EMULATOR_HOST": emulator.host, storage.RETRY_DEADLINE_ENV: "3"}
     prefix = "outage"
     output = f"gs://{EMULATOR_BUCKET}/{prefix}"
     try:
@@ -130,6 +130,7 @@ def test_storage_dies_mid_job_then_rerun_completes(tmp_path):
         assert process.returncode == 2, stderr[-2000:]
         last = stderr.strip().splitlines()[-1]
         assert last.startswith(f"error: {output}: storage failed during the run"), last
+        assert "Timeout of 3.0s exceeded" in last, "the retry deadline setting was ignored"
 
         emulator.start()
         assert final_files(names()) == [], "a failed run published files"
