@@ -92,3 +92,83 @@ def decode_split(images_gz: bytes, labels_gz: bytes, images_origin: str,
                         labels_origin)
     check_split(images, labels, images_origin, labels_origin)
     return images, labels.astype(np.int64)
+
+
+class IdxStream:
+    """Reads a gzip-compressed IDX file front to back, a block of rows at a time.
+
+    Only the header and the rows asked for are in memory, so memory does not
+    grow with the file. Errors name ``origin`` as `decode_idx` does.
+    """
+
+    def __init__(self, raw, expected_magic: int, origin: str):
+        self._gz = gzip.GzipFile(fileobj=raw, mode="rb")
+        self._origin = origin
+        head = self._read(4)
+        if len(head) < 4:
+            raise PipelineInputError(f"{origin}: too short for an IDX header")
+        (magic,) = struct.unpack(">I", head)
+        if magic != expected_magic:
+            raise PipelineInputError(
+                f"{origin}: wrong IDX magic number 0x{magic:08x} "
+                f"(expected 0x{expected_magic:08x})")
+        ndim = magic & 0xFF
+        dims_bytes = self._read(4 * ndim)
+        if len(dims_bytes) < 4 * ndim:
+            raise PipelineInputError(f"{origin}: IDX header cut short")
+        self.dims = struct.unpack(f">{ndim}I", dims_bytes)
+        self.row_shape = self.dims[1:]
+        self._row_bytes = int(np.prod(self.row_shape, dtype=np.int64))
+        self._rows_left = self.dims[0]
+
+    def _read(self, n: int) -> bytes:
+        try:
+            return self._gz.read(n)
+        except (EOFError, OSError, zlib.error) as e:
+            raise PipelineInputError(
+                f"{self._origin}: truncated or corrupt gzip data ({e})") from None
+
+    def read_rows(self, n: int) -> np.ndarray:
+        """The next ``min(n, rows left)`` rows as uint8 [rows, *row_shape]."""
+        n = min(n, self._rows_left)
+        data = self._read(n * self._row_bytes)
+        if len(data) != n * self._row_bytes:
+            raise PipelineInputError(
+                f"{self._origin}: IDX header promises {self.dims} but the data "
+                f"ends {n * self._row_bytes - len(data)} bytes early")
+        self._rows_left -= n
+        return np.frombuffer(data, np.uint8).reshape((n,) + tuple(self.row_shape))
+
+    def check_end(self) -> None:
+        """Fails if bytes follow the rows the header promised."""
+        if self._rows_left == 0 and self._read(1):
+            raise PipelineInputError(
+                f"{self._origin}: IDX header promises {self.dims} but the file "
+                "has more bytes")
+
+
+def stream_split(images_raw, labels_raw, images_origin: str, labels_origin: str,
+                 rows: int):
+    """Both files of a split, streamed: (first index, images [n, 28, 28], labels [n] int64).
+
+    The checks of `check_split` run on the headers before any row is read,
+    and per block on the labels.
+    """
+    images = IdxStream(images_raw, IMAGES_MAGIC, images_origin)
+    labels = IdxStream(labels_raw, LABELS_MAGIC, labels_origin)
+    empty_images = np.zeros((0,) + tuple(images.row_shape), np.uint8)
+    check_split(empty_images, np.zeros(0, np.uint8), images_origin, labels_origin)
+    if images.dims[0] != labels.dims[0]:
+        raise PipelineInputError(f"{labels_origin}: {labels.dims[0]} labels for "
+                                 f"{images.dims[0]} images in {images_origin}")
+    for start in range(0, images.dims[0], rows):
+        block_labels = labels.read_rows(rows)
+        block_images = images.read_rows(rows)
+        if block_labels.size and int(block_labels.max()) >= contract.NUM_CLASSES:
+            bad = int(np.argmax(block_labels >= contract.NUM_CLASSES))
+            raise PipelineInputError(
+                f"{labels_origin}: label {int(block_labels[bad])} at index "
+                f"{start + bad} is outside 0-{contract.NUM_CLASSES - 1}")
+        yield start, block_images, block_labels.astype(np.int64)
+    images.check_end()
+    labels.check_end()

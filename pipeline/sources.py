@@ -86,12 +86,13 @@ class IdxSource(Source):
     def _path(self, name: str) -> str:
         return contract.join_path(self.location, name)
 
-    def _read(self, name: str) -> bytes:
+    def _open(self, name: str):
+        """A binary stream over the stored (compressed) file."""
         path = self._path(name)
         if path.startswith(("https://", "http://")):
-            return fetch(path, self.cache_dir)
+            return io.BytesIO(fetch(path, self.cache_dir))
         try:
-            return storage.read_bytes(path)
+            return storage.open_read(path)
         except OSError as e:
             raise PipelineInputError(f"{path}: cannot read source file ({e})") from None
 
@@ -105,11 +106,14 @@ class IdxSource(Source):
                     raise PipelineInputError(f"{path}: source file not found")
 
     def read(self, split: str, task: Any) -> Iterator[Batch]:
+        """Streams the split's two gzip files, BATCH rows at a time (flat memory)."""
         images_name, labels_name = idx.MNIST_FILES[split]
-        images, labels = idx.decode_split(
-            self._read(images_name), self._read(labels_name),
-            self._path(images_name), self._path(labels_name))
-        yield from _batches(images, labels)
+        with self._open(images_name) as images_raw, self._open(labels_name) as labels_raw:
+            for start, images, labels in idx.stream_split(
+                    images_raw, labels_raw, self._path(images_name),
+                    self._path(labels_name), BATCH):
+                yield Batch(np.arange(start, start + len(labels), dtype=np.int64),
+                            images, labels)
 
 
 @functools.lru_cache(maxsize=None)
