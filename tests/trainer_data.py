@@ -37,14 +37,23 @@ def serialize(image: np.ndarray, label: int, index: int, image_format: str) -> b
 def write_dataset(out_dir: str, *, num_train: int = 256, num_test: int = 37,
                   train_shards: int = 4, test_shards: int = 2, image_format: str = "raw",
                   compression: str = "none", seed: int = 0,
-                  write_manifest: bool = True) -> contract.Manifest:
-    """Writes both splits (examples dealt round-robin over shards) + manifest.json."""
+                  write_manifest: bool = True,
+                  arrays: Optional[dict] = None) -> contract.Manifest:
+    """Writes both splits (examples dealt round-robin over shards) + manifest.json.
+
+    ``arrays``: ``{split: (images uint8 [N,28,28(,1)], labels)}`` to write
+    instead of the synthetic examples (e.g. real digits); sets the counts.
+    """
     tf.io.gfile.makedirs(out_dir)
     options = tf.io.TFRecordOptions(compression_type="GZIP" if compression == "gzip" else "")
     splits = {}
     for split, n, num_shards, split_seed in (("train", num_train, train_shards, seed),
                                              ("test", num_test, test_shards, seed + 1)):
-        images, labels = make_arrays(n, split_seed)
+        if arrays is not None:
+            images, labels = arrays[split]
+            images, n = images.reshape((-1,) + contract.IMAGE_SHAPE), len(labels)
+        else:
+            images, labels = make_arrays(n, split_seed)
         shards = []
         for s in range(num_shards):
             name = contract.shard_filename(split, s, num_shards)

@@ -37,7 +37,10 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> TrainConfig:
                    help="checkpoints, TensorBoard logs, export, metrics.json")
     p.add_argument("--loop", choices=config_lib.LOOPS, default=defaults["loop"])
     p.add_argument("--model", choices=config_lib.MODELS, default=defaults["model"],
-                   help="guide: the TPU guide's CNN; small: a narrow one for CPUs")
+                   help="guide: the TPU guide's CNN; small: a narrow one for tests; "
+                        "convnet: the CPU recipe (with --augment, --lr_schedule=cosine)")
+    p.add_argument("--augment", type=_bool, nargs="?", const=True, default=defaults["augment"],
+                   help="random rotations, zooms and shifts while training")
     p.add_argument("--epochs", type=int, default=defaults["epochs"])
     p.add_argument("--global_batch_size", type=int, default=defaults["global_batch_size"])
     p.add_argument("--steps_per_epoch", type=int, default=None,
@@ -45,7 +48,13 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> TrainConfig:
     p.add_argument("--steps_per_execution", type=int,
                    default=defaults["steps_per_execution"],
                    help="training steps per tf.function call (both loops)")
-    p.add_argument("--learning_rate", type=float, default=defaults["learning_rate"])
+    p.add_argument("--learning_rate", type=float, default=defaults["learning_rate"],
+                   help="Adam's (peak) learning rate")
+    p.add_argument("--lr_schedule", choices=config_lib.LR_SCHEDULES,
+                   default=defaults["lr_schedule"],
+                   help="after the warmup: constant, or a cosine decay to 0")
+    p.add_argument("--warmup_steps", type=int, default=defaults["warmup_steps"],
+                   help="linear learning-rate warmup from 0")
     p.add_argument("--strategy", choices=config_lib.STRATEGIES, default=defaults["strategy"])
     p.add_argument("--tpu", default=None, help="'local' on a TPU VM, else the TPU name")
     p.add_argument("--cpu_replicas", type=int, default=defaults["cpu_replicas"],

@@ -13,7 +13,8 @@ from typing import Optional
 
 LOOPS = ("keras", "custom")
 STRATEGIES = ("auto", "tpu", "mirrored", "multi_worker", "default")
-MODELS = ("guide", "small")
+MODELS = ("guide", "small", "convnet")
+LR_SCHEDULES = ("constant", "cosine")
 PRECISIONS = ("none", "bfloat16")
 
 
@@ -45,12 +46,16 @@ class TrainConfig:
     model_dir: str
     loop: str = "keras"
     model: str = "small"
+    # Random rotations/zooms/shifts while training (trainer.augment).
+    augment: bool = False
     epochs: int = 3
     global_batch_size: int = 128
     # None: as many steps as the train split fills with whole global batches.
     steps_per_epoch: Optional[int] = None
     steps_per_execution: int = 50
     learning_rate: float = 1e-3
+    lr_schedule: str = "constant"  # or "cosine": decay to 0 at the last step
+    warmup_steps: int = 0  # linear warmup from 0 to learning_rate
     strategy: str = "auto"
     tpu: Optional[str] = None  # 'local' on a TPU VM, else the TPU's name
     cpu_replicas: int = 0  # >0: split the CPU into this many logical devices
@@ -80,6 +85,9 @@ class TrainConfig:
               f"--strategy must be one of {STRATEGIES}, not {self.strategy!r}")
         check(self.mixed_precision in PRECISIONS,
               f"--mixed_precision must be one of {PRECISIONS}, not {self.mixed_precision!r}")
+        check(self.lr_schedule in LR_SCHEDULES,
+              f"--lr_schedule must be one of {LR_SCHEDULES}, not {self.lr_schedule!r}")
+        check(self.warmup_steps >= 0, f"--warmup_steps must be >= 0, not {self.warmup_steps}")
         check(self.epochs >= 1, f"--epochs must be >= 1, not {self.epochs}")
         check(self.global_batch_size >= 1,
               f"--global_batch_size must be >= 1, not {self.global_batch_size}")

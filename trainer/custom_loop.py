@@ -38,7 +38,7 @@ import tf_keras as keras
 
 import mnist_contract as contract
 from mnist_contract import join_path
-from trainer import data, model as model_lib, outputs
+from trainer import data, export, model as model_lib, outputs
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,9 @@ class LoopOptions:
     jit_compile: bool = False
     keep_checkpoints: int = 3
     checkpoint_every: int = 0  # steps; 0: at epoch ends only
+    augment: bool = False
+    lr_schedule: str = "constant"
+    warmup_steps: int = 0
 
 
 class CustomLoop:
@@ -63,8 +66,10 @@ class CustomLoop:
         self.strategy = strategy
         self.options = options
         with strategy.scope():
-            self.model = model_lib.build_model(model_name)
-            self.optimizer = keras.optimizers.Adam(learning_rate)
+            self.model = model_lib.build_model(model_name, augment=options.augment)
+            self.optimizer = model_lib.make_optimizer(
+                learning_rate, options.lr_schedule,
+                options.epochs * options.steps_per_epoch, options.warmup_steps)
             self.optimizer.build(self.model.trainable_variables)
             self.train_loss = keras.metrics.Mean(name="loss")
             self.train_accuracy = keras.metrics.SparseCategoricalAccuracy(name="accuracy")
@@ -208,14 +213,7 @@ def run(*, strategy: tf.distribute.Strategy, model_name: str, learning_rate: flo
 
     if step == start:  # nothing left to train: still report the test metrics
         result = loop.evaluate(test_ds, eval_steps)
-    with strategy.scope():
-        # Compiled like the Keras loop's model, so both exports load ready to
-        # evaluate (and saving an uncompiled model logs a misleading warning).
-        loop.model.compile(
-            optimizer=loop.optimizer,
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            weighted_metrics=model_lib.eval_metrics())
-    loop.model.save(outputs.write_dir(model_dir, outputs.EXPORT, strategy), save_format="tf")
+    export.export_model(loop.model, outputs.write_dir(model_dir, outputs.EXPORT, strategy))
     outputs.discard_scratch(model_dir, strategy)
     return {"train_steps": int(loop.optimizer.iterations.numpy()),
             "resumed_from_step": start, **result, "history": history}

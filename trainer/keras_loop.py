@@ -30,7 +30,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from mnist_contract import join_path
-from trainer import data, model as model_lib, outputs
+from trainer import data, export, model as model_lib, outputs
 
 log = logging.getLogger(__name__)
 
@@ -104,12 +104,14 @@ def run(*, strategy: tf.distribute.Strategy, model_name: str, learning_rate: flo
         train: data.SplitInput, test: data.SplitInput, model_dir: str, epochs: int,
         steps_per_epoch: int, steps_per_execution: int, jit_compile: bool,
         verbose: int, checkpoint_every: int = 0,
-        callbacks: Sequence[keras.callbacks.Callback] = ()) -> dict:
+        callbacks: Sequence[keras.callbacks.Callback] = (), augment: bool = False,
+        lr_schedule: str = "constant", warmup_steps: int = 0) -> dict:
     """Fits (resuming an interrupted run), evaluates and exports; returns metrics."""
     with strategy.scope():
-        model = model_lib.build_model(model_name)
+        model = model_lib.build_model(model_name, augment=augment)
         model.compile(
-            optimizer=keras.optimizers.Adam(learning_rate),
+            optimizer=model_lib.make_optimizer(learning_rate, lr_schedule,
+                                               epochs * steps_per_epoch, warmup_steps),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             weighted_metrics=model_lib.eval_metrics(),
             steps_per_execution=steps_per_execution,
@@ -143,7 +145,7 @@ def run(*, strategy: tf.distribute.Strategy, model_name: str, learning_rate: flo
     results = model.evaluate(test_ds, steps=eval_steps, return_dict=True, verbose=0)
 
     export_dir = outputs.write_dir(model_dir, outputs.EXPORT, strategy)
-    model.save(export_dir, save_format="tf")
+    export.export_model(model, export_dir)
     outputs.discard_scratch(model_dir, strategy)
 
     h = history.history

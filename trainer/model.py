@@ -1,10 +1,20 @@
-"""The models: the "Use TPUs" guide's CNN and a narrower one for CPUs.
+"""The models and their optimizer.
 
-Both are built by `build_model`, which must run inside ``strategy.scope()``
+* ``guide``: the "Use TPUs" guide's CNN (two 3x3 convs of 256, dense
+  256/128/10, L2 1e-5). Kept for TPUs, where its width costs little.
+* ``small``: the same layers, 8/8/32/32 wide; a quick model for tests.
+* ``convnet``: the CPU recipe. The classic Keras MNIST convnet
+  (conv-pool-conv-pool, dropout before the classifier) with a dense layer
+  of 128, trained with augmentation (`trainer.augment`) and a warmup +
+  cosine learning-rate schedule (`make_optimizer`).
+
+All are built by `build_model`, which must run inside ``strategy.scope()``
 so that variables are created as mirrored/TPU variables. Under the
 ``mixed_bfloat16`` policy the layers compute in bfloat16 (the TPU's native
 matmul type) while the last layer is forced to float32, so logits, the
-softmax cross-entropy and the metrics keep full precision.
+softmax cross-entropy and the metrics keep full precision. Inputs are
+float images in [0, 1]; the export (`trainer.export`) wraps the model with
+the uint8 → [0, 1] step so that served models take raw pixels.
 """
 
 from __future__ import annotations
@@ -13,13 +23,16 @@ import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tf_keras as keras
 
 import mnist_contract as contract
+from trainer.augment import RandomAffine
 from trainer.config import TrainerError
 
 # (conv filters, conv filters, dense units, dense units)
-WIDTHS = {
+GUIDE_WIDTHS = {
     "guide": (256, 256, 256, 128),  # tensorflow.org/guide/tpu
     "small": (8, 8, 32, 32),
 }
+MODELS = (*GUIDE_WIDTHS, "convnet")
+SCHEDULES = ("constant", "cosine")
 L2 = 1e-5  # the guide's kernel_regularizer
 
 
@@ -31,17 +44,11 @@ def set_precision(mixed_precision: str) -> None:
     keras.mixed_precision.set_global_policy(policies[mixed_precision])
 
 
-def build_model(name: str = "small") -> keras.Model:
-    """The guide's architecture (two 3x3 convs, three dense layers), at a width.
-
-    Outputs logits (no softmax), in float32 whatever the policy.
-    """
-    if name not in WIDTHS:
-        raise TrainerError(f"unknown --model {name!r} (have {sorted(WIDTHS)})")
-    c1, c2, d1, d2 = WIDTHS[name]
+def _guide_layers(name: str) -> list[keras.layers.Layer]:
+    """The guide's architecture (two 3x3 convs, three dense layers), at a width."""
+    c1, c2, d1, d2 = GUIDE_WIDTHS[name]
     reg = keras.regularizers.L2(L2)
-    return keras.Sequential([
-        keras.layers.Input(shape=contract.IMAGE_SHAPE, name="image"),
+    return [
         keras.layers.Conv2D(c1, 3, activation="relu", kernel_regularizer=reg),
         keras.layers.Conv2D(c2, 3, activation="relu", kernel_regularizer=reg),
         keras.layers.Flatten(),
@@ -49,7 +56,70 @@ def build_model(name: str = "small") -> keras.Model:
         keras.layers.Dense(d2, activation="relu", kernel_regularizer=reg),
         keras.layers.Dense(contract.NUM_CLASSES, kernel_regularizer=reg,
                            dtype="float32", name="logits"),
-    ], name=f"mnist_{name}")
+    ]
+
+
+def _convnet_layers() -> list[keras.layers.Layer]:
+    """The classic Keras MNIST convnet (conv 32, pool, conv 64, pool, dropout)
+    with a dense layer of 128 before the classifier: 0.23M parameters."""
+    return [
+        keras.layers.Conv2D(32, 3, activation="relu"), keras.layers.MaxPooling2D(),
+        keras.layers.Conv2D(64, 3, activation="relu"), keras.layers.MaxPooling2D(),
+        keras.layers.Flatten(),
+        keras.layers.Dropout(0.4),
+        keras.layers.Dense(128, activation="relu"),
+        keras.layers.Dropout(0.4),
+        keras.layers.Dense(contract.NUM_CLASSES, dtype="float32", name="logits"),
+    ]
+
+
+def build_model(name: str = "small", *, augment: bool = False) -> keras.Model:
+    """An uncompiled model from [0, 1] float images to float32 logits.
+
+    ``augment`` puts a `RandomAffine` layer first: random rotations (±10°),
+    zooms (±10%) and shifts (±2 px) while training, nothing at inference.
+    """
+    if name not in MODELS:
+        raise TrainerError(f"unknown --model {name!r} (have {list(MODELS)})")
+    body = _convnet_layers() if name == "convnet" else _guide_layers(name)
+    head = [RandomAffine(name="augment")] if augment else []
+    return keras.Sequential(
+        [keras.layers.Input(shape=contract.IMAGE_SHAPE, name="image"), *head, *body],
+        name=f"mnist_{name}")
+
+
+def make_optimizer(learning_rate: float, schedule: str, total_steps: int,
+                   warmup_steps: int) -> keras.optimizers.Optimizer:
+    """Adam with the learning rate of `learning_rate_schedule`."""
+    return keras.optimizers.Adam(
+        learning_rate_schedule(learning_rate, schedule, total_steps, warmup_steps))
+
+
+def learning_rate_schedule(learning_rate: float, schedule: str, total_steps: int,
+                           warmup_steps: int):
+    """A linear warmup from 0 over ``warmup_steps``, and then
+
+    * ``constant``: ``learning_rate`` to the end;
+    * ``cosine``: a cosine decay from ``learning_rate`` to 0 at ``total_steps``.
+
+    Built from Keras' own ``CosineDecay`` (its ``alpha=1`` is a constant), so a
+    saved optimizer needs no custom objects to load. A plain float when
+    there is nothing to schedule.
+    """
+    if schedule not in SCHEDULES:
+        raise TrainerError(f"unknown --lr_schedule {schedule!r} (have {list(SCHEDULES)})")
+    if warmup_steps < 0 or total_steps < 1:
+        raise TrainerError(f"bad schedule length: {total_steps} steps, "
+                           f"{warmup_steps} warmup steps")
+    warmup_steps = min(warmup_steps, total_steps)
+    if schedule == "constant" and not warmup_steps:
+        return learning_rate
+    return keras.optimizers.schedules.CosineDecay(
+        initial_learning_rate=0.0 if warmup_steps else learning_rate,
+        decay_steps=max(total_steps - warmup_steps, 1),
+        alpha=1.0 if schedule == "constant" else 0.0,
+        warmup_target=learning_rate if warmup_steps else None,
+        warmup_steps=warmup_steps)
 
 
 class ExampleCount(keras.metrics.Sum):

@@ -87,7 +87,9 @@ def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict
                 steps_per_epoch=steps_per_epoch,
                 steps_per_execution=config.steps_per_execution,
                 jit_compile=config.jit_compile, verbose=config.verbose,
-                checkpoint_every=config.checkpoint_every, callbacks=callbacks)
+                checkpoint_every=config.checkpoint_every, callbacks=callbacks,
+                augment=config.augment, lr_schedule=config.lr_schedule,
+                warmup_steps=config.warmup_steps)
         else:
             metrics = custom_loop.run(
                 strategy=strategy, model_name=config.model,
@@ -99,7 +101,8 @@ def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict
                     steps_per_execution=config.steps_per_execution,
                     log_every=config.log_every, jit_compile=config.jit_compile,
                     keep_checkpoints=config.keep_checkpoints,
-                    checkpoint_every=config.checkpoint_every))
+                    checkpoint_every=config.checkpoint_every, augment=config.augment,
+                    lr_schedule=config.lr_schedule, warmup_steps=config.warmup_steps))
     except tf.errors.DataLossError as e:
         raise _corrupt_data_error(e, (train_files, test_files)) from None
     except (tf.errors.UnavailableError, tf.errors.AbortedError,

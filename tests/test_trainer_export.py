@@ -1,0 +1,178 @@
+"""The servable export, the predict CLI, the augmentation layer and the schedules.
+
+Unit level, tiny models: the export loads with plain ``tf_keras.models.load_model``
+(no custom objects), its signature takes raw uint8 pixels in both shapes and
+agrees with the trained model on the pipeline's float input; augmentation is
+a no-op at inference and a real warp while training; the learning-rate
+schedules have their stated values. The real-digit check (export accuracy ==
+the trainer's reported accuracy) is in tests/test_roundtrip.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras as keras
+
+from tests.conftest import real_digits
+from trainer import augment, export, model as model_lib, predict
+from trainer.config import TrainerError
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """An augmented convnet, briefly trained on real digits, and its export."""
+    images, labels = real_digits(64)
+    images = images[..., None]
+    keras.utils.set_random_seed(0)
+    model = model_lib.build_model("convnet", augment=True)
+    model.compile(optimizer=model_lib.make_optimizer(1e-3, "cosine", 8, 2),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  weighted_metrics=model_lib.eval_metrics())  # custom metric: not exported
+    model.fit(images.astype(np.float32) / 255.0, labels, batch_size=8, epochs=1, verbose=0)
+    model_dir = tmp_path_factory.mktemp("export")
+    export.export_model(model, str(model_dir / "export"))
+    return model, str(model_dir), images, labels
+
+
+def test_export_loads_without_custom_objects(exported):
+    model, model_dir, images, labels = exported
+    loaded = keras.models.load_model(f"{model_dir}/export")  # compile=True, no custom_objects
+    kinds = [type(l).__name__ for l in loaded.layers]
+    assert "RandomAffine" not in kinds and kinds[:2] == ["InputLayer", "Normalization"]
+    assert loaded.inputs[0].dtype == tf.uint8
+    loss, accuracy = loaded.evaluate(images, labels, verbose=0)  # compiled, standard metrics
+    logits = model.predict(images.astype(np.float32) / 255.0, verbose=0)
+    assert accuracy == pytest.approx(float((logits.argmax(-1) == labels).mean()))
+
+
+def test_signature_takes_raw_pixels_in_both_shapes(exported):
+    model, model_dir, images, labels = exported
+    serve = tf.saved_model.load(f"{model_dir}/export").signatures["serving_default"]
+    assert set(serve.structured_outputs) == {"probabilities", "class"}
+    # The trained model on what the input pipeline feeds it (float32, /255).
+    expected = model(tf.cast(images, tf.float32) / 255.0, training=False).numpy()
+    for batch in (images, images[..., 0]):  # [N,28,28,1] and [N,28,28]
+        out = serve(images=tf.constant(batch))
+        assert out["class"].dtype == tf.int64
+        np.testing.assert_array_equal(out["class"].numpy(), expected.argmax(-1))
+        np.testing.assert_allclose(out["probabilities"].numpy(),
+                                   tf.nn.softmax(expected).numpy(), atol=1e-6)
+    for bad in (np.zeros([2, 28, 28, 3], np.uint8), np.zeros([2, 784], np.uint8),
+                np.zeros([2, 14, 56], np.uint8)):
+        with pytest.raises(tf.errors.InvalidArgumentError, match="images must be uint8"):
+            serve(images=tf.constant(bad))
+
+
+def test_served_normalization_is_the_pipelines_bit_for_bit(exported):
+    """The export divides by 255 exactly as trainer.data does (not * 1/255)."""
+    model, _, _, _ = exported
+    served = export.inference_model(model)
+    pixels = np.arange(256, dtype=np.uint8).reshape(1, 16, 16, 1)
+    scaled = served.get_layer("pixels_to_unit")(tf.constant(pixels)).numpy()
+    np.testing.assert_array_equal(scaled, tf.cast(pixels, tf.float32).numpy() / np.float32(255))
+
+
+def test_augmentation_is_inert_at_inference_and_warps_in_training():
+    images, _ = real_digits(8)
+    x = tf.constant(images[..., None].astype(np.float32) / 255.0)
+    layer = augment.RandomAffine(seed=1)
+    np.testing.assert_array_equal(layer(x, training=False).numpy(), x.numpy())
+    warped = layer(x, training=True).numpy()
+    assert warped.shape == x.shape
+    changed = np.abs(warped - x.numpy()).reshape(8, -1).max(axis=1)
+    assert (changed > 0.1).all()  # every image moved
+    assert not np.array_equal(warped[0] - x.numpy()[0], warped[1] - x.numpy()[1])
+    # The ink stays, roughly: small warps neither erase nor smear the digit.
+    ratio = warped.sum(axis=(1, 2, 3)) / x.numpy().sum(axis=(1, 2, 3))
+    assert ((ratio > 0.7) & (ratio < 1.4)).all(), ratio
+
+
+def test_affine_warp_geometry():
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.random((2, 28, 28, 1)), tf.float32)
+    zeros, ones = tf.zeros([2]), tf.ones([2])
+    same = augment.affine_warp(x, zeros, ones, tf.zeros([2, 2])).numpy()
+    np.testing.assert_array_equal(same, x.numpy())
+    # Shift by (1, -2) pixels: content moves down 1, left 2; zeros come in.
+    shifted = augment.affine_warp(x, zeros, ones, tf.constant([[1.0, -2.0]] * 2)).numpy()
+    expected = np.zeros_like(x.numpy())
+    expected[:, 1:, :-2] = x.numpy()[:, :-1, 2:]
+    np.testing.assert_allclose(shifted, expected, atol=1e-6)
+    # A quarter turn: clockwise as displayed (rows grow downwards).
+    turned = augment.affine_warp(x, tf.fill([2], math.pi / 2), ones,
+                                 tf.zeros([2, 2])).numpy()
+    np.testing.assert_allclose(turned, np.rot90(x.numpy(), -1, axes=(1, 2)), atol=1e-5)
+
+
+def test_augmented_model_compiles_with_xla():
+    """jit_compile keeps working with augmentation in the model (the TPU path)."""
+    images, labels = real_digits(32)
+    model = model_lib.build_model("small", augment=True)
+    model.compile(optimizer=model_lib.make_optimizer(1e-3, "cosine", 8, 2),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  steps_per_execution=2, jit_compile=True)
+    history = model.fit(images[..., None].astype(np.float32) / 255.0, labels,
+                        batch_size=8, epochs=2, verbose=0)
+    assert np.isfinite(history.history["loss"]).all()
+    assert int(model.optimizer.iterations.numpy()) == 8
+
+
+def test_learning_rate_schedules():
+    def lrs(schedule, warmup, total=100):
+        lr = model_lib.learning_rate_schedule(0.01, schedule, total, warmup)
+        return [float(lr(s)) if callable(lr) else float(lr) for s in (0, 5, 10, 55, 100)]
+
+    cosine = lrs("cosine", 10)
+    assert cosine[0] == 0 and cosine[1] == pytest.approx(0.005)
+    assert cosine[2] == pytest.approx(0.01) and cosine[3] == pytest.approx(0.005)
+    assert cosine[4] == pytest.approx(0, abs=1e-9)
+    assert lrs("cosine", 0)[0] == pytest.approx(0.01)
+    assert lrs("constant", 10)[1:] == pytest.approx([0.005, 0.01, 0.01, 0.01])
+    assert lrs("constant", 0) == pytest.approx([0.01] * 5)
+    with pytest.raises(TrainerError, match="lr_schedule"):
+        model_lib.make_optimizer(0.01, "step", 100, 0)
+    assert isinstance(model_lib.make_optimizer(0.01, "cosine", 100, 10).learning_rate,
+                      tf.Variable)  # Adam evaluates the schedule at its step
+
+
+def test_models_and_their_inputs():
+    convnet = model_lib.build_model("convnet", augment=True)
+    assert type(convnet.layers[0]).__name__ == "RandomAffine"
+    kinds = [type(l).__name__ for l in convnet.layers]
+    assert kinds.count("MaxPooling2D") == 2 and "Dropout" in kinds
+    assert "RandomAffine" not in [type(l).__name__
+                                  for l in model_lib.build_model("convnet").layers]
+    assert convnet(tf.zeros([2, 28, 28, 1])).shape == (2, 10)
+
+
+def test_predict_pngs_and_errors(exported, tmp_path, capsys):
+    model, model_dir, images, labels = exported
+    paths = []
+    for i in range(3):
+        path = tmp_path / f"digit{i}.png"
+        path.write_bytes(tf.io.encode_png(images[i]).numpy())
+        paths.append(str(path))
+    assert predict.main([f"--model_dir={model_dir}", *paths]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    expected = model.predict(images[:3].astype(np.float32) / 255.0, verbose=0).argmax(-1)
+    assert [l.split()[0] for l in lines] == paths
+    assert [int(l.split()[1].split("=")[1]) for l in lines] == list(expected)
+
+    (tmp_path / "big.png").write_bytes(tf.io.encode_png(np.zeros([32, 28, 1], np.uint8)).numpy())
+    (tmp_path / "text.png").write_text("not an image")
+    for args, message in [
+        ([str(tmp_path / "big.png")], f"error: {tmp_path}/big.png: image is 28x32, expected 28x28"),
+        ([str(tmp_path / "text.png")], f"error: {tmp_path}/text.png: not a PNG file"),
+        ([str(tmp_path / "missing.png")], f"error: {tmp_path}/missing.png: cannot read"),
+    ]:
+        assert predict.main([f"--model_dir={model_dir}", *args]) == 1
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err.startswith(message), captured.err
+    assert predict.main([f"--model_dir={tmp_path}", paths[0]]) == 1
+    assert capsys.readouterr().err.startswith(f"error: {tmp_path}/export: no SavedModel")
+    assert predict.main([f"--model_dir={model_dir}", f"--data={tmp_path}"]) == 1
+    assert "manifest.json: not found" in capsys.readouterr().err

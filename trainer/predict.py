@@ -1,0 +1,180 @@
+"""``python -m trainer.predict --model_dir=DIR (IMAGE.png ... | --data=DIR --split=test)``.
+
+Runs the trainer's export (``MODEL_DIR/export``, see `trainer.export`)
+through its ``serving_default`` signature, the way a server would: raw
+uint8 pixels in, ``probabilities`` and ``class`` out.
+
+* PNG files: each must be a 28x28 grayscale (or colour, converted) image,
+  white digit on black like MNIST. One line per file:
+  ``FILE class=7 probability=0.9991``.
+* ``--data=DIR --split=test [--limit=N]``: the conversion job's output,
+  read through the data contract (`mnist_contract`: manifest, feature spec)
+  and ``tf.data``, so a ``gs://`` prefix works too. One line per example
+  (``index=12 label=7 class=7 probability=0.9991``), then
+  ``accuracy=0.9870 (987/1000) on split test``.
+
+Every path goes through ``tf.io.gfile``. Bad input (no export, a file that
+is not a 28x28 PNG, no manifest, an unknown split) ends with one line
+``error: FILE: problem`` and exit status 1; lines already printed stay.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Iterator, Optional, Sequence
+
+import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
+import numpy as np
+import tensorflow as tf
+
+import mnist_contract as contract
+from mnist_contract import examples
+from trainer.config import TrainerError, summarize_error
+from trainer.export import SIGNATURE_INPUT
+
+EXPORT = "export"
+BATCH = 256
+
+
+def load_signature(model_dir: str):
+    """The export's ``serving_default`` function."""
+    path = contract.join_path(model_dir, EXPORT)
+    if not tf.io.gfile.exists(contract.join_path(path, "saved_model.pb")):
+        raise TrainerError(f"{path}: no SavedModel (train with --model_dir={model_dir} first)")
+    try:
+        loaded = tf.saved_model.load(path)
+    except (tf.errors.OpError, ValueError) as e:
+        raise TrainerError(f"{path}: cannot load the SavedModel ({summarize_error(e)})") from None
+    if "serving_default" not in loaded.signatures:
+        raise TrainerError(f"{path}: no serving_default signature")
+    return loaded.signatures["serving_default"]
+
+
+def predict(signature, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(class [N], probability of that class [N])`` for uint8 images."""
+    out = signature(**{SIGNATURE_INPUT: tf.constant(images, tf.uint8)})
+    classes = out["class"].numpy()
+    probabilities = out["probabilities"].numpy()
+    return classes, probabilities[np.arange(len(classes)), classes]
+
+
+def read_png(path: str) -> np.ndarray:
+    """A 28x28x1 uint8 image from a PNG file."""
+    try:
+        with tf.io.gfile.GFile(path, "rb") as f:
+            data = f.read()
+    except tf.errors.OpError as e:
+        raise TrainerError(f"{path}: cannot read ({summarize_error(e)})") from None
+    if not data.startswith(b"\x89PNG\r\n\x1a\n"):
+        raise TrainerError(f"{path}: not a PNG file")
+    try:
+        image = tf.io.decode_png(data, channels=contract.IMAGE_CHANNELS).numpy()
+    except tf.errors.OpError as e:
+        raise TrainerError(f"{path}: cannot decode the PNG ({summarize_error(e)})") from None
+    if image.shape != contract.IMAGE_SHAPE:
+        raise TrainerError(f"{path}: image is {image.shape[1]}x{image.shape[0]}, "
+                           f"expected {contract.IMAGE_SHAPE[1]}x{contract.IMAGE_SHAPE[0]}")
+    return image
+
+
+def split_batches(data_dir: str, split: str, limit: Optional[int]) -> Iterator[dict]:
+    """Batches of ``{image uint8 [n,28,28,1], label, index}`` of one split, in file order."""
+    manifest_path = contract.join_path(data_dir, contract.MANIFEST_FILE)
+    try:
+        with tf.io.gfile.GFile(manifest_path, "r") as f:
+            manifest = contract.Manifest.from_json(f.read(), origin=manifest_path)
+        info = manifest.split(split)
+    except tf.errors.NotFoundError:
+        raise TrainerError(f"{manifest_path}: not found (not a complete pipeline output)") \
+            from None
+    except tf.errors.OpError as e:
+        raise TrainerError(f"{manifest_path}: cannot read ({summarize_error(e)})") from None
+    except contract.ContractError as e:
+        raise TrainerError(f"{manifest_path}: {e}") from None
+    files = [contract.join_path(data_dir, shard.file) for shard in info.shards]
+    fmt = manifest.image_format
+
+    def parse(serialized):
+        feats = tf.io.parse_example(serialized, examples.parse_spec())
+        raw = feats[contract.IMAGE_KEY]
+        if fmt == "raw":
+            pixels = tf.io.decode_raw(raw, tf.uint8)
+        else:
+            pixels = tf.map_fn(
+                lambda s: tf.io.decode_png(s, channels=contract.IMAGE_CHANNELS),
+                raw, fn_output_signature=tf.TensorSpec(None, tf.uint8))
+        return {contract.IMAGE_KEY: tf.reshape(pixels, (-1,) + contract.IMAGE_SHAPE),
+                contract.LABEL_KEY: feats[contract.LABEL_KEY],
+                contract.INDEX_KEY: feats[contract.INDEX_KEY]}
+
+    ds = tf.data.TFRecordDataset(files, compression_type=manifest.tf_compression_type)
+    if limit is not None:
+        ds = ds.take(limit)
+    ds = ds.batch(BATCH).map(parse).prefetch(1)
+    try:
+        for batch in ds:
+            yield {k: v.numpy() for k, v in batch.items()}
+    except tf.errors.OpError as e:
+        raise TrainerError(f"{data_dir}: cannot read split {split!r} "
+                           f"({summarize_error(e)})") from None
+
+
+def evaluate_split(signature, data_dir: str, split: str, limit: Optional[int],
+                   out=None) -> tuple[int, int]:
+    """Prints a line per example (to ``out``, default stdout); ``(correct, total)``."""
+    out = out or sys.stdout
+    correct = total = 0
+    for batch in split_batches(data_dir, split, limit):
+        classes, probs = predict(signature, batch[contract.IMAGE_KEY])
+        for index, label, cls, p in zip(batch[contract.INDEX_KEY], batch[contract.LABEL_KEY],
+                                        classes, probs):
+            print(f"index={index} label={label} class={cls} probability={p:.4f}", file=out)
+        correct += int((classes == batch[contract.LABEL_KEY]).sum())
+        total += len(classes)
+    return correct, total
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m trainer.predict",
+        description="Predict digits with a trained model's export: PNG files, or a "
+                    "split of the conversion job's output (then also the accuracy).")
+    p.add_argument("--model_dir", required=True, help="the trainer's --model_dir")
+    p.add_argument("images", nargs="*", help="28x28 PNG files (local or gs://)")
+    p.add_argument("--data", help="the conversion job's output directory")
+    p.add_argument("--split", default="test", help="with --data (default: test)")
+    p.add_argument("--limit", type=int, default=None,
+                   help="with --data: only the first N examples")
+    args = p.parse_args(argv)
+    if bool(args.images) == bool(args.data):
+        p.error("give PNG files or --data, not both / neither")
+    if args.limit is not None and args.limit < 1:
+        p.error(f"--limit must be >= 1, not {args.limit}")
+    return args
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    try:
+        signature = load_signature(args.model_dir)
+        if args.images:
+            images = np.stack([read_png(path) for path in args.images])
+            classes, probs = predict(signature, images)
+            for path, cls, p in zip(args.images, classes, probs):
+                print(f"{path} class={cls} probability={p:.4f}")
+            return 0
+        correct, total = evaluate_split(signature, args.data, args.split, args.limit)
+    except TrainerError as e:
+        sys.stdout.flush()
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if total == 0:
+        print(f"error: {args.data}: split {args.split!r} has no examples", file=sys.stderr)
+        return 1
+    print(f"accuracy={correct / total:.4f} ({correct}/{total}) on split {args.split}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
