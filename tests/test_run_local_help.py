@@ -32,7 +32,7 @@ def test_help_prints_settings_and_runs_nothing(tmp_path):
             assert any(line.split()[:1] == [name] and "default:" in line
                        for line in lines), name
         assert f"(now: {data})" in result.stdout and "(now: 3)" in result.stdout
-        assert "default: out/mnist" in result.stdout and "default: 8" in result.stdout
+        assert "default: out/mnist" in result.stdout and "default: 20" in result.stdout
         assert "python -m trainer --help" in result.stdout
         assert result.stderr == ""
     assert sorted(p.name for p in repo.iterdir()) == ["pyproject.toml", "scripts"]
