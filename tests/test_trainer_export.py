@@ -11,12 +11,14 @@ the trainer's reported accuracy) is in tests/test_roundtrip.py.
 from __future__ import annotations
 
 import math
+import uuid
 
 import numpy as np
 import pytest
 import tensorflow as tf
 import tf_keras as keras
 
+from tests import trainer_data
 from tests.conftest import real_digits
 from trainer import augment, export, model as model_lib, predict
 from trainer.config import TrainerError
@@ -176,3 +178,26 @@ def test_predict_pngs_and_errors(exported, tmp_path, capsys):
     assert capsys.readouterr().err.startswith(f"error: {tmp_path}/export: no SavedModel")
     assert predict.main([f"--model_dir={model_dir}", f"--data={tmp_path}"]) == 1
     assert "manifest.json: not found" in capsys.readouterr().err
+
+
+def test_predict_reads_a_split_through_gfile(exported, capsys):
+    """--data on TF's ram:// filesystem (as gs://): every example once, in file order."""
+    model, model_dir, _, _ = exported
+    images, labels = real_digits(23, offset=5)
+    out = f"ram://predict-{uuid.uuid4().hex}"
+    trainer_data.write_dataset(out, arrays={"train": (images, labels),
+                                            "test": (images, labels)},
+                               train_shards=1, test_shards=3)
+    assert predict.main([f"--model_dir={model_dir}", f"--data={out}", "--split=test"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    expected = model.predict(images[..., None].astype(np.float32) / 255.0,
+                             verbose=0).argmax(-1)
+    rows = [dict(kv.split("=") for kv in line.split()) for line in lines[:-1]]
+    assert sorted(int(r["index"]) for r in rows) == list(range(23))
+    for r in rows:
+        i = int(r["index"])
+        assert int(r["label"]) == labels[i] and int(r["class"]) == expected[i]
+    correct = int((expected == labels).sum())
+    assert lines[-1] == f"accuracy={correct / 23:.4f} ({correct}/23) on split test"
+    assert predict.main([f"--model_dir={model_dir}", f"--data={out}", "--split=valid"]) == 1
+    assert capsys.readouterr().err.startswith(f"error: {out}/manifest.json: ")
