@@ -33,6 +33,10 @@ COMPRESSIONS = ("none", "gzip")
 MANIFEST_FILE = "manifest.json"
 MANIFEST_VERSION = 1
 TFDS_METADATA_FILES = ("dataset_info.json", "features.json")
+# Present while a run publishes (moves shards into place, manifest last). A
+# reader that finds it must not read the folder: its files may be a mix of two
+# datasets. The next run of the job completes the publish and removes it.
+PUBLISH_JOURNAL_FILE = ".publish-journal.json"
 # Version written into dataset_info.json; matches TFDS's own mnist builder.
 TFDS_VERSION = "3.0.1"
 
@@ -105,6 +109,14 @@ def feature_spec_description(image_format: str) -> dict[str, dict[str, Any]]:
             entry["num_classes"] = f.num_classes
         out[f.name] = entry
     return out
+
+
+def interrupted_publish_message(journal_path: str, journal: bytes) -> str:
+    """The one line readers print when they find a publish journal."""
+    match = re.search(rb'"run_id"\s*:\s*"([0-9A-Za-z_-]{1,64})"', journal)
+    run = f"of run {match.group(1).decode()} " if match else ""
+    return (f"{journal_path}: interrupted publish {run}(or one still in progress); "
+            "rerun the job to complete it")
 
 
 def join_path(directory: str, name: str) -> str:

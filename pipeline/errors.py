@@ -21,16 +21,18 @@ class StorageError(PipelineError):
     """The output storage failed (unreachable, refusing writes) during the run."""
 
 
-_STORAGE_FAILURES = ("RetryError", "ConnectionError", "ServiceUnavailable",
-                     "BeamIOError", "Max retries exceeded")
-
-
-def as_pipeline_error(error: BaseException, output: str) -> PipelineError | None:
+def as_pipeline_error(error: BaseException, output: str,
+                      earlier: str = "") -> PipelineError | None:
     """The one-line error inside whatever the runner raised, or None if unknown.
 
     A PipelineInputError raised in a worker is found by type or, when the
-    runner passed it on as text, by name. Storage failures name the output.
+    runner passed it on as text, by name. Storage failures (`pipeline.storage.
+    failure_summary`: disk full, read-only, unreachable...) name the output and
+    end with ``earlier``, what is left of the earlier dataset.
     """
+    import re
+
+    from pipeline.storage import failure_summary
     seen = error
     while seen is not None:
         if isinstance(seen, PipelineInputError):
@@ -40,12 +42,9 @@ def as_pipeline_error(error: BaseException, output: str) -> PipelineError | None
     marker = "PipelineInputError: "
     if marker in text:
         return PipelineInputError(text.split(marker, 1)[1].splitlines()[0])
-    failure = next((f for f in _STORAGE_FAILURES
-                    if f in text or f == type(error).__name__), None)
-    if failure is None and isinstance(error, OSError):
-        failure = type(error).__name__
+    failure = failure_summary(error)
     if failure:
-        first_line = text.strip().splitlines()[0] if text.strip() else type(error).__name__
-        return StorageError(f"{output}: storage failed during the run "
-                            f"({failure}: {first_line[:200]})")
+        failure = re.sub(r" \[while running '[^']*'\]", "", failure)
+        return StorageError(f"{output}: storage failed during the run ({failure})"
+                            + (f"; {earlier}" if earlier else ""))
     return None

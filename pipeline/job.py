@@ -24,7 +24,7 @@ from pipeline import credentials, flags, progress, storage, transforms
 from pipeline.errors import PipelineInputError, StorageError, as_pipeline_error
 from pipeline.metadata import tfds_metadata_files
 from pipeline.options import ConvertOptions, unknown_flags
-from pipeline.output import finalize, prepare_output
+from pipeline.output import OutputLayout, finalize, prepare_output, remove_temp
 from pipeline.sources import announce, parse_source
 
 # Runners Beam ships but does not know by their short name.
@@ -39,6 +39,8 @@ def _check_options(conv: ConvertOptions, options: PipelineOptions,
         _, beam_args = flags.parse(argv)
     except flags.FlagError as e:
         raise PipelineInputError(str(e)) from None
+    if len(set(splits)) != len(splits):
+        raise PipelineInputError(f"--splits={conv.splits}: a split is named twice")
     runner = options.view_as(StandardOptions).runner or ""
     try:
         unknown = unknown_flags(beam_args, runner)
@@ -100,6 +102,15 @@ def _report_counters(result, splits: Sequence[str]) -> dict[str, int]:
 
 def run(argv: Sequence[str]) -> contract.Manifest:
     """Runs the whole job and returns the manifest of what it wrote."""
+    held: list[OutputLayout] = []
+    try:
+        return _run(argv, held)
+    finally:
+        for layout in held:  # the output's lock, whatever happened
+            layout.release()
+
+
+def _run(argv: Sequence[str], held: list) -> contract.Manifest:
     storage.configure_gcs()
     options = PipelineOptions(list(argv))
     conv = options.view_as(ConvertOptions)
@@ -115,7 +126,12 @@ def run(argv: Sequence[str]) -> contract.Manifest:
     _check_sharding(conv, source, splits)
 
     run_id = uuid.uuid4().hex[:12]
-    layout = prepare_output(conv.output, run_id, overwrite=conv.overwrite)
+    layout = prepare_output(conv.output, run_id, overwrite=conv.overwrite, splits=splits,
+                            options={"image_format": conv.image_format,
+                                     "compression": conv.compression,
+                                     "shuffle_salt": conv.shuffle_salt,
+                                     "source": source.description})
+    held.append(layout)
     shuffle = conv.shuffle_mode(standard.runner)
     logging.info("Writing %s into temporary folder %s (shuffle: %s)", ",".join(splits),
                  layout.temp_dir, shuffle)
@@ -131,26 +147,18 @@ def run(argv: Sequence[str]) -> contract.Manifest:
         if state != "DONE":
             raise RuntimeError(f"pipeline ended in state {state}")
     except Exception as e:  # the runner re-raises worker errors in many shapes
-        known = as_pipeline_error(e, layout.output)
-        if isinstance(known, StorageError):
+        known = as_pipeline_error(e, layout.output, layout.earlier)
+        if isinstance(known, StorageError) and storage.is_remote(layout.temp_dir):
             logging.warning("Leaving %s: storage is failing; the next run removes it",
                             layout.temp_dir)
         else:
-            storage.delete_tree(layout.temp_dir)
+            remove_temp(layout)
         if known is None:
             raise
         raise known from e
     counters = _report_counters(result, splits)
-    try:
-        manifest = finalize(layout, conv, source.description,
-                            lambda m: tfds_metadata_files(m, conv.output,
-                                                          source.description))
-    except Exception as e:
-        known = as_pipeline_error(e, layout.output)
-        if not isinstance(known, StorageError):
-            raise
-        raise StorageError(f"{known}; while finalizing: without manifest.json the "
-                           "output holds no complete dataset, rerun the job") from e
+    manifest = finalize(layout, conv, source.description,
+                        lambda m: tfds_metadata_files(m, conv.output, source.description))
     for split in splits:
         written = counters.get(f"{split}_examples_written")
         if written is not None and written != manifest.split(split).num_examples:

@@ -13,8 +13,10 @@ small in tests that stop the storage server on purpose.
 
 from __future__ import annotations
 
+import errno
 import os
-from typing import Iterable
+import re
+from typing import Iterable, Optional
 
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
@@ -121,3 +123,75 @@ def delete_tree(directory: str) -> None:
 def rename(sources: list[str], destinations: list[str]) -> None:
     if sources:
         FileSystems.rename(sources, destinations)
+
+
+def list_top(directory: str) -> list[str]:
+    """Names directly under ``directory``: files and folders, empty folders included.
+
+    On GCS a folder exists only through the objects under it.
+    """
+    if not is_remote(directory):
+        try:
+            return sorted(os.listdir(directory))
+        except FileNotFoundError:
+            return []
+    prefix = directory.rstrip("/") + "/"
+    return sorted({p[len(prefix):].split("/", 1)[0] for p in list_dir(directory)
+                   if p.startswith(prefix)})
+
+
+def tree_size(directory: str) -> str:
+    """Bytes under ``directory`` as text, for warnings ("unknown" if it cannot be listed)."""
+    try:
+        if is_remote(directory):
+            matched = FileSystems.match([join_path(directory, "**")])[0].metadata_list
+            total = sum(m.size_in_bytes for m in matched)
+        else:
+            total = sum(os.path.getsize(os.path.join(root, name))
+                        for root, _, names in os.walk(directory) for name in names)
+    except Exception:  # storage failing: the size is what we cannot know
+        return "size unknown"
+    return f"{total:,} bytes"
+
+
+_STORAGE_ERRNOS = {errno.ENOSPC: "disk full", errno.EROFS: "read-only",
+                   errno.EDQUOT: "quota exceeded", errno.EACCES: "permission denied",
+                   errno.EPERM: "permission denied", errno.EIO: "I/O error"}
+_STORAGE_TEXTS = ("No space left on device", "Read-only file system",
+                  "Disk quota exceeded", "Errno 28", "Errno 30", "Errno 122",
+                  "RetryError", "ConnectionError", "ServiceUnavailable", "BeamIOError",
+                  "Max retries exceeded", "PreconditionFailed", "TooManyRequests",
+                  "InternalServerError", "Forbidden")
+
+
+def failure_summary(error: BaseException) -> Optional[str]:
+    """One line describing a storage failure inside ``error``, or None if it is not one.
+
+    Runners re-raise a worker's OSError in other wrappers (a RuntimeError
+    carrying its text, a BeamIOError holding a dict of them), so the chain of
+    causes and the text are both searched.
+    """
+    seen, depth = error, 0
+    while seen is not None and depth < 50:
+        if isinstance(seen, OSError) and seen.errno in _STORAGE_ERRNOS:
+            return f"OSError: [Errno {seen.errno}] {seen.strerror}"
+        seen, depth = seen.__cause__ or seen.__context__, depth + 1
+    text = str(error)
+    match = re.search(r"(\w+Error): \[Errno (\d+)\] ([^\]\n'\"\[]+)", text)
+    if match and int(match.group(2)) in _STORAGE_ERRNOS:
+        return f"{match.group(1)}: [Errno {match.group(2)}] {match.group(3).strip()}"
+    marker = next((m for m in _STORAGE_TEXTS if m in text), None)
+    if marker is None and (isinstance(error, OSError) or _is_google_api_error(error)):
+        marker = type(error).__name__
+    if marker is None:
+        return None
+    first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
+    return first[:200] if marker in first else f"{marker}: {first[:200]}"
+
+
+def _is_google_api_error(error: BaseException) -> bool:
+    try:
+        from google.api_core import exceptions
+    except ImportError:
+        return False
+    return isinstance(error, exceptions.GoogleAPIError)

@@ -34,6 +34,10 @@ def verify(output: str) -> contract.Manifest:
     from pipeline import storage
     storage.use_anonymous_gcs_for_emulator()
     manifest_path = contract.join_path(output, contract.MANIFEST_FILE)
+    journal = contract.join_path(output, contract.PUBLISH_JOURNAL_FILE)
+    if storage.exists(journal):
+        raise VerificationError(
+            contract.interrupted_publish_message(journal, storage.read_bytes(journal)))
     if not storage.exists(manifest_path):
         raise VerificationError(f"{manifest_path}: missing (no complete dataset here)")
     try:

@@ -83,7 +83,7 @@ class GcsEmulator:
         if self.data_dir is not None:
             env["STORAGE_BASE"] = self.data_dir
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "gcp_storage_emulator", "start",
+            [sys.executable, str(REPO / "tests" / "gcs_emulator.py"), "start",
              "--host=127.0.0.1", f"--port={self.port}", *storage_flags,
              f"--default-bucket={EMULATOR_BUCKET}"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)

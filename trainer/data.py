@@ -65,13 +65,18 @@ RECORDS_PER_READ = 256
 def load_manifest(data_dir: str) -> contract.Manifest:
     """Reads ``manifest.json`` from ``data_dir`` (any tf.io.gfile path)."""
     path = contract.join_path(data_dir, contract.MANIFEST_FILE)
+    journal = contract.join_path(data_dir, contract.PUBLISH_JOURNAL_FILE)
     try:
         is_dir = tf.io.gfile.isdir(data_dir)
         has_manifest = is_dir and tf.io.gfile.exists(path)
+        # Present during (or after an interrupted) publish: the files may mix two datasets.
+        interrupted = is_dir and tf.io.gfile.exists(journal)
     except tf.errors.OpError as e:  # e.g. gs:// without credentials or network
         raise TrainerError(f"{data_dir}: cannot access ({summarize_error(e)})") from None
     if not is_dir:
         raise TrainerError(f"{data_dir}: data directory not found")
+    if interrupted:
+        raise TrainerError(contract.interrupted_publish_message(journal, b""))
     if not has_manifest:
         raise TrainerError(
             f"{path}: no {contract.MANIFEST_FILE} (not a complete pipeline output; "

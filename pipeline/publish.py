@@ -1,0 +1,189 @@
+"""Publishing a finished run so that a crash at any step can be rolled forward.
+
+Moving shards under their final names cannot be atomic: on ``gs://`` each
+rename is a copy plus a delete, seconds per 100 MB shard. So before the first
+change a *journal* (`mnist_contract.PUBLISH_JOURNAL_FILE`) is written at the
+top of the output: the run id, its temp folder, every shard to move with its
+size, the TFDS files to move, the new manifest's sha256 and every old file to
+delete. While it exists readers refuse the folder with one line ("interrupted
+publish of run R; rerun the job"). Then, in this order:
+
+1. the old metadata is removed (TFDS files first, then ``manifest.json``), so
+   neither TFDS nor an older reader can pair it with new shards;
+2. each shard is moved from the temp folder to its final name;
+3. old files the new dataset does not have are deleted;
+4. the new TFDS files are moved, then ``manifest.json`` (its sha256 checked);
+5. the journal is deleted, then the temp folder.
+
+Every step is idempotent given the journal: a file still in the temp folder
+has not been moved (or was copied but not yet deleted on GCS) and is moved
+again; one that is gone from it must be at its final name with the journal's
+size. So the next run replays the same `apply` to complete an interrupted
+publish, and the temp folder a journal names is never cleaned up before that.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+from typing import Iterable, Optional
+
+import mnist_contract as contract
+
+from pipeline import faults, storage
+
+JOURNAL_VERSION = 1
+METADATA = contract.TFDS_METADATA_FILES + (contract.MANIFEST_FILE,)
+
+
+class PublishError(Exception):
+    """The journal's publish cannot be completed (a file it needs is gone)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    run_id: str
+    temp_name: str  # the run's temp folder, relative to the output
+    shards: tuple[tuple[str, int], ...]  # (file, bytes) moved from the temp folder
+    metadata: tuple[str, ...]  # TFDS files moved after the shards
+    manifest_sha256: str
+    deletes: tuple[str, ...]  # old files the new dataset does not have
+
+    def to_json(self) -> bytes:
+        return json.dumps({"version": JOURNAL_VERSION, **dataclasses.asdict(self)},
+                          indent=1).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes, origin: str) -> "Plan":
+        try:
+            raw = json.loads(data.decode())
+            if raw.pop("version") != JOURNAL_VERSION:
+                raise ValueError("unknown version")
+            plan = cls(run_id=str(raw["run_id"]), temp_name=str(raw["temp_name"]),
+                       shards=tuple((str(f), int(n)) for f, n in raw["shards"]),
+                       metadata=tuple(str(n) for n in raw["metadata"]),
+                       manifest_sha256=str(raw["manifest_sha256"]),
+                       deletes=tuple(str(n) for n in raw["deletes"]))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise PublishError(f"{origin}: unreadable publish journal ({e})") from None
+        names = [f for f, _ in plan.shards] + list(plan.metadata) + list(plan.deletes)
+        if any("/" in n or n.startswith(".") for n in names + [plan.temp_name[1:]]):
+            raise PublishError(f"{origin}: publish journal names a file outside the output")
+        return plan
+
+
+def top_level(directory: str) -> set[str]:
+    """Names of the files directly in ``directory`` (not in its subfolders)."""
+    prefix = directory.rstrip("/") + "/"
+    return {p[len(prefix):] for p in storage.list_dir(directory)
+            if p.startswith(prefix) and "/" not in p[len(prefix):]}
+
+
+def is_dataset_file(name: str) -> bool:
+    if name in METADATA:
+        return True
+    try:
+        contract.parse_shard_filename(name)
+    except contract.ContractError:
+        return False
+    return True
+
+
+def make_plan(output: str, temp_dir: str, run_id: str, moved: Iterable[contract.ShardInfo],
+              keep: Iterable[str], metadata: Iterable[str], manifest_bytes: bytes) -> Plan:
+    """The plan for publishing ``moved`` shards (plus ``keep``, already in place)."""
+    moved = list(moved)
+    metadata = tuple(n for n in metadata if n != contract.MANIFEST_FILE)
+    new = {s.file for s in moved} | set(keep) | set(metadata) | {contract.MANIFEST_FILE}
+    old = {n for n in top_level(output) if is_dataset_file(n)}
+    return Plan(run_id=run_id, temp_name=temp_dir.rstrip("/").rsplit("/", 1)[1],
+                shards=tuple((s.file, s.num_bytes) for s in moved), metadata=metadata,
+                manifest_sha256=hashlib.sha256(manifest_bytes).hexdigest(),
+                deletes=tuple(sorted(old - new)))
+
+
+def journal_path(output: str) -> str:
+    return contract.join_path(output, contract.PUBLISH_JOURNAL_FILE)
+
+
+def publish(output: str, plan: Plan) -> None:
+    """Writes the journal (atomically: into the temp folder, then renamed), then applies it."""
+    temp = contract.join_path(output, plan.temp_name)
+    staged = contract.join_path(temp, contract.PUBLISH_JOURNAL_FILE)
+    storage.write_bytes(staged, plan.to_json())
+    faults.point("journal-staged")
+    storage.rename([staged], [journal_path(output)])
+    faults.point("journal-written")
+    apply(output, plan)
+
+
+def read_journal(output: str) -> Optional[Plan]:
+    path = journal_path(output)
+    if not storage.exists(path):
+        return None
+    return Plan.from_json(storage.read_bytes(path), path)
+
+
+def roll_forward(output: str) -> Optional[str]:
+    """Completes an interrupted publish, if any; returns its run id."""
+    plan = read_journal(output)
+    if plan is None:
+        return None
+    logging.warning("%s: completing the interrupted publish of run %s from %s",
+                    output, plan.run_id, contract.join_path(output, plan.temp_name))
+    apply(output, plan)
+    return plan.run_id
+
+
+def _move(output: str, temp: str, name: str, present: set[str], staged: set[str],
+          check=None) -> None:
+    source, final = contract.join_path(temp, name), contract.join_path(output, name)
+    if name in staged:
+        if check:
+            check(source)
+        storage.rename([source], [final])
+        faults.point(f"moved:{name}")
+    elif name not in present:
+        raise PublishError(f"{source}: missing, and {final} is not there either: the "
+                           "interrupted publish cannot be completed")
+
+
+def apply(output: str, plan: Plan) -> None:
+    """Runs (or re-runs) every step of ``plan``; see the module docstring."""
+    temp = contract.join_path(output, plan.temp_name)
+    present, staged = top_level(output), top_level(temp)
+    for name in METADATA:
+        if name in present and (name in staged or name in plan.deletes):
+            storage.delete([contract.join_path(output, name)])
+            faults.point(f"hidden:{name}")
+    present = top_level(output)
+
+    def size_is(expected):
+        def check(path):
+            size = storage.size_of(path)
+            if size != expected:
+                raise PublishError(f"{path}: {size} bytes, the journal says {expected}")
+        return check
+
+    for name, num_bytes in plan.shards:
+        _move(output, temp, name, present, staged, size_is(num_bytes))
+    obsolete = [contract.join_path(output, n) for n in plan.deletes
+                if n in present and n not in METADATA]
+    storage.delete(obsolete)
+    faults.point("deleted-old")
+    for name in plan.metadata:
+        _move(output, temp, name, present, staged)
+
+    def manifest_matches(path):
+        if hashlib.sha256(storage.read_bytes(path)).hexdigest() != plan.manifest_sha256:
+            raise PublishError(f"{path}: does not match the journal's sha256")
+    _move(output, temp, contract.MANIFEST_FILE, present, staged, manifest_matches)
+    storage.delete([journal_path(output)])
+    faults.point("journal-deleted")
+    try:
+        storage.delete_tree(temp)
+    except Exception as e:  # published; a leftover temp folder is removed by the next run
+        logging.warning("Published, but could not remove %s (%s); the next run removes it",
+                        temp, storage.failure_summary(e) or e)
