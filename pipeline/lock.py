@@ -136,6 +136,7 @@ class _Gcs:
 
     def __init__(self, path: str):
         from apache_beam.io.gcp import gcsio
+        storage.use_anonymous_gcs_for_emulator()
         bucket, self.name = path[len("gs://"):].split("/", 1)
         self.bucket = gcsio.GcsIO().client.bucket(bucket)
 
@@ -155,12 +156,13 @@ class _Gcs:
         from google.api_core import exceptions
         try:
             blob = self.bucket.get_blob(self.name)
-            data = blob.download_as_bytes() if blob is not None else None
-        except exceptions.NotFound:
-            return None
-        if data is None:
-            return None
-        return data, blob.generation, 0.0
+            if blob is None:
+                return None
+            generation = blob.generation
+            data = blob.download_as_bytes(if_generation_match=generation)
+        except (exceptions.NotFound, exceptions.PreconditionFailed):
+            return None  # gone, or replaced since: the caller tries again
+        return data, generation, 0.0
 
     def refresh(self, token, data: bytes):
         from google.api_core import exceptions
