@@ -3,7 +3,9 @@
 ``PIPELINE_FAULT=ACTION@POINT`` (``POINT`` may hold shell wildcards) makes
 `point` act when the driver reaches that point: ``kill`` sends the process
 SIGKILL (a crash no ``finally`` survives), ``enospc`` and ``erofs`` raise the
-OSError a full or read-only disk would. Points are few per run (the steps of
+OSError a full or read-only disk would, ``wait`` holds the run there until the
+file named by ``PIPELINE_FAULT_GATE`` exists (it creates ``GATE.reached``
+first), so a test can act while a run is at a known step. Points are few per run (the steps of
 publishing and preparing the output), never per record, so reading one
 environment variable there costs nothing.
 """
@@ -14,6 +16,7 @@ import errno
 import fnmatch
 import os
 import signal
+import time
 
 ENV = "PIPELINE_FAULT"
 _ERRORS = {"enospc": errno.ENOSPC, "erofs": errno.EROFS}
@@ -26,7 +29,14 @@ def point(name: str) -> None:
     action, _, where = spec.partition("@")
     if not fnmatch.fnmatchcase(name, where):
         return
-    if action == "kill":
+    if action == "wait":  # hold here (holding the lock) until the test opens the gate
+        gate = os.environ[ENV + "_GATE"]
+        with open(gate + ".reached", "w"):
+            pass
+        deadline = time.monotonic() + 600
+        while not os.path.exists(gate) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    elif action == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     elif action in _ERRORS:
         code = _ERRORS[action]

@@ -153,12 +153,12 @@ def test_job_releases_its_lock_on_success_and_failure(tmp_path, idx_dir):
 
 # Two real `python -m pipeline` processes on one output.
 
-def start(output, source, *flags):
+def start(output, source, *flags, env=None):
     return subprocess.Popen(
         [sys.executable, "-m", "pipeline", f"--source={source}", f"--output={output}",
          "--runner=DirectRunner", *flags],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "NO_GCE_CHECK": "True"})
+        env={**os.environ, "NO_GCE_CHECK": "True", **(env or {})})
 
 
 def lock_exists(output):
@@ -168,11 +168,11 @@ def lock_exists(output):
     return os.path.exists(os.path.join(output, lock.LOCK_FILE))
 
 
-def wait_for_lock(output, process):
-    deadline = time.monotonic() + 120
-    while not lock_exists(output):
+def wait_for(path, process):
+    deadline = time.monotonic() + 300
+    while not os.path.exists(path):
         assert process.poll() is None, process.communicate()[1][-2000:]
-        assert time.monotonic() < deadline, "the first run never took the lock"
+        assert time.monotonic() < deadline, "the first run never reached its step"
         time.sleep(0.05)
 
 
@@ -208,10 +208,16 @@ def test_second_process_refused_while_first_runs(tmp_path, idx_dir, request, whe
         assert subprocess.run([sys.executable, "-m", "pipeline", f"--source={idx_dir}",
                                f"--output={output}"], cwd=REPO, capture_output=True
                               ).returncode == 0
-    first = start(output, "synthetic:20000", "--min_shards=2", *flags)
-    wait_for_lock(output, first)
+    # The first run is held in the middle of its publish (journal written, shards
+    # being moved) until the second has been refused.
+    gate = str(tmp_path / "gate")
+    first = start(output, "synthetic:2000", "--min_shards=2", *flags,
+                  env={"PIPELINE_FAULT": "wait@journal-written", "PIPELINE_FAULT_GATE": gate})
+    wait_for(gate + ".reached", first)
     second = start(output, idx_dir, *flags)
-    check_second_refused(first, second, output, 20000)
+    second.wait(timeout=300)
+    open(gate, "w").close()
+    check_second_refused(first, second, output, 2000)
 
 
 @pytest.mark.slow
