@@ -20,6 +20,10 @@ class _DropInputErrorTracebacks(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
+        if record.levelno >= logging.ERROR:  # a storage failure: one error line too
+            from pipeline.storage import failure_summary
+            if failure_summary(exc or RuntimeError(record.getMessage())):
+                return False
         return not (isinstance(exc, PipelineInputError)
                     or "PipelineInputError" in record.getMessage())
 

@@ -92,10 +92,14 @@ class _Local:
         except FileExistsError:
             return None
         try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError:  # e.g. disk full: leave no empty lock behind
+            os.unlink(self.path)
+            raise
         return self.read()[1]
 
     def read(self):
