@@ -211,8 +211,9 @@ def test_second_process_refused_while_first_runs(tmp_path, idx_dir, request, whe
     # The first run is held in the middle of its publish (journal written, shards
     # being moved) until the second has been refused.
     gate = str(tmp_path / "gate")
-    first = start(output, "synthetic:2000", "--min_shards=2", *flags,
-                  env={"PIPELINE_FAULT": "wait@journal-written", "PIPELINE_FAULT_GATE": gate})
+    first = start(output, "synthetic:2000", "--min_shards=2", "--allow_extreme_sharding",
+                  *flags, env={"PIPELINE_FAULT": "wait@journal-written",
+                               "PIPELINE_FAULT_GATE": gate})
     wait_for(gate + ".reached", first)
     second = start(output, idx_dir, *flags)
     second.wait(timeout=300)

@@ -23,6 +23,11 @@ from pipeline.verify import VerificationError, verify
 from tests.conftest import EMULATOR_BUCKET, REPO, write_idx_split
 
 
+# Tiny data in several shards: below the 1 MB shard size the job otherwise refuses.
+OLD = ["--min_shards=2", "--allow_extreme_sharding"]
+NEW = ["--min_shards=3", "--allow_extreme_sharding", "--shuffle_salt=other"]
+
+
 @pytest.fixture(scope="module")
 def datasets(tmp_path_factory, digits):
     """Two complete datasets of the same digits that differ in every shard file."""
@@ -30,8 +35,7 @@ def datasets(tmp_path_factory, digits):
     for split, (images, labels) in digits.items():
         write_idx_split(root / "idx", split, images, labels)
     made = {}
-    for name, flags in {"old": ["--min_shards=2"],
-                        "new": ["--min_shards=3", "--shuffle_salt=other"]}.items():
+    for name, flags in {"old": OLD, "new": NEW}.items():
         out = root / name
         manifest = job.run([f"--source={root / 'idx'}", f"--output={out}", *flags])
         made[name] = (manifest, {p.name: p.read_bytes() for p in out.iterdir()})
@@ -183,10 +187,10 @@ def test_job_storage_failure_while_publishing_says_what_is_left(tmp_path, datase
                                                                 monkeypatch, point, earlier):
     output = str(tmp_path / "out")
     args = [f"--source={datasets['idx']}", f"--output={output}"]
-    job.run(args + ["--min_shards=2"])
+    job.run(args + OLD)
     monkeypatch.setenv(faults.ENV, f"enospc@{point}")
     with pytest.raises(StorageError, match=f"No space left on device.*; {earlier}"):
-        job.run(args + ["--min_shards=3", "--shuffle_salt=other", "--overwrite"])
+        job.run(args + NEW + ["--overwrite"])
     monkeypatch.delenv(faults.ENV)
     left = os.listdir(output)
     assert ".lock" not in left
@@ -204,7 +208,7 @@ def test_job_storage_failure_while_publishing_says_what_is_left(tmp_path, datase
 def run_killed(output, idx, point):
     process = subprocess.run(
         [sys.executable, "-m", "pipeline", f"--source={idx}", f"--output={output}",
-         "--runner=DirectRunner", "--min_shards=3", "--shuffle_salt=other", "--overwrite"],
+         "--runner=DirectRunner", *NEW, "--overwrite"],
         cwd=REPO, capture_output=True, text=True, timeout=300,
         env={**os.environ, faults.ENV: f"kill@{point}", "NO_GCE_CHECK": "True"})
     assert process.returncode == -9, process.stderr[-2000:]
@@ -224,7 +228,7 @@ def test_sigkill_during_publish_then_next_run_completes(tmp_path, datasets, requ
         request.getfixturevalue("gcs_emulator")
     output = new_output(where, tmp_path)
     args = [f"--source={datasets['idx']}", f"--output={output}"]
-    job.run(args + ["--min_shards=2"])
+    job.run(args + OLD)
     assert readers_see(output, datasets) == "old"
     run_killed(output, datasets["idx"], point)
     assert readers_see(output, datasets) == "interrupted"

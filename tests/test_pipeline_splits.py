@@ -24,10 +24,11 @@ def test_duplicate_split_is_one_line_exit_2(tmp_path, idx_dir, capsys):
 
 def test_subset_overwrite_keeps_the_other_splits_when_options_match(tmp_path, idx_dir):
     out = tmp_path / "out"
-    first = job.run([f"--source={idx_dir}", f"--output={out}", "--min_shards=2"])
+    first = job.run([f"--source={idx_dir}", f"--output={out}", "--min_shards=2",
+                     "--allow_extreme_sharding"])
     before = files(out)
     second = job.run([f"--source={idx_dir}", f"--output={out}", "--min_shards=3",
-                      "--splits=train", "--overwrite"])
+                      "--allow_extreme_sharding", "--splits=train", "--overwrite"])
     assert second.split("test") == first.split("test")
     assert len(second.split("train").shards) == 3
     assert verify(str(out)) == second
