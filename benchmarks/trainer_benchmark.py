@@ -274,7 +274,7 @@ def main() -> int:
             passed = ratio >= BARS[key]
             ok &= passed
             line += f" (bar {BARS[key]}x: {'met' if passed else 'MISSED'})"
-        print(line)
+        print(line, flush=True)
     per_batch = {key: 1e6 * args.batch / results["input"][i]
                  for key, i in (("input", 0), ("arrays", 1))}
     print(f"input stages, us per batch of {args.batch} (each alone; in the pipeline they "
@@ -289,8 +289,8 @@ def main() -> int:
     for key in ("keras", "keras_quiet", "custom"):
         a, b = results[key][:2]
         step = 1000 / a
-        print(f"{key}: information, no bar: a small-CNN step takes {step:.2f} ms inside "
-              f"the graph on {os.cpu_count()} CPU core(s), so removing "
+        print(f"{key}: information, no bar: a small-CNN step takes {step:.2f} ms at "
+              f"steps_per_execution=50 on {os.cpu_count()} CPU core(s), so removing "
               f"{1000 / b - step:.2f} ms per step gives (step + saved) / step = {a / b:.2f}x; "
               f"on a TPU the step is microseconds and the host cost dominates, as in the "
               f"linear line")
