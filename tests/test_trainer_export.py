@@ -18,6 +18,7 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
+import mnist_contract as contract
 from tests import trainer_data
 from tests.conftest import real_digits
 from trainer import augment, export, model as model_lib, predict
@@ -201,3 +202,8 @@ def test_predict_reads_a_split_through_gfile(exported, capsys):
     assert lines[-1] == f"accuracy={correct / 23:.4f} ({correct}/23) on split test"
     assert predict.main([f"--model_dir={model_dir}", f"--data={out}", "--split=valid"]) == 1
     assert capsys.readouterr().err.startswith(f"error: {out}/manifest.json: ")
+    journal = f"{out}/{contract.PUBLISH_JOURNAL_FILE}"
+    with tf.io.gfile.GFile(journal, "w") as f:
+        f.write("{}")
+    assert predict.main([f"--model_dir={model_dir}", f"--data={out}"]) == 1
+    assert capsys.readouterr().err.startswith(f"error: {journal}: interrupted publish")

@@ -81,7 +81,10 @@ def read_png(path: str) -> np.ndarray:
 def split_batches(data_dir: str, split: str, limit: Optional[int]) -> Iterator[dict]:
     """Batches of ``{image uint8 [n,28,28,1], label, index}`` of one split, in file order."""
     manifest_path = contract.join_path(data_dir, contract.MANIFEST_FILE)
+    journal = contract.join_path(data_dir, contract.PUBLISH_JOURNAL_FILE)
     try:
+        if tf.io.gfile.exists(journal):  # mid-publish: files may mix two datasets
+            raise TrainerError(contract.interrupted_publish_message(journal, b""))
         with tf.io.gfile.GFile(manifest_path, "r") as f:
             manifest = contract.Manifest.from_json(f.read(), origin=manifest_path)
         info = manifest.split(split)
