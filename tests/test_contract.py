@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 import mnist_contract as contract
-from mnist_contract import examples, framing
+from mnist_contract import examples, framing, wire
 
 from tests.trainer_data import write_dataset
 
@@ -74,6 +74,30 @@ def test_tfds_features_follow_the_spec():
         assert list(features.keys()) == list(contract.FEATURE_NAMES)
         assert features["label"].num_classes == contract.NUM_CLASSES
         assert tuple(features["image"].shape) == contract.IMAGE_SHAPE
+
+
+@pytest.mark.parametrize("image_format, count", [("raw", 3000), ("png", 300)])
+def test_wire_encoder_equals_tf_serialization(image_format, count):
+    """The batch encoder writes exactly what the proto library writes, deterministically."""
+    rng = np.random.default_rng(11)
+    images = rng.integers(0, 256, (count, 28, 28), dtype=np.uint8)
+    images[: count // 3] = np.where(images[: count // 3] > 200, images[: count // 3], 0)
+    labels = rng.integers(0, contract.NUM_CLASSES, count)
+    # Indices of every varint length, from 1 byte up to the 10 of a negative int64.
+    indices = np.concatenate([
+        np.array([0, 1, 127, 128, 16_383, 16_384, 2**31, 2**63 - 1, -1, -(2**63)]),
+        rng.integers(0, 2**rng.integers(1, 62, count - 10))])
+    ours = wire.encode_examples({contract.IMAGE_KEY: images, contract.LABEL_KEY: labels,
+                                 contract.INDEX_KEY: indices}, image_format)
+    theirs = [examples.encode_example(_values(image, int(label), int(index)), image_format)
+              for image, label, index in zip(images, labels, indices)]
+    assert len(ours) == count and ours == theirs
+
+
+def test_wire_varints_match_the_single_value_encoder():
+    values = np.array([0, 1, 127, 128, 300, 2**35, 2**63 - 1, -1, -300])
+    assert wire.varints(values) == [wire.varint(int(v)) for v in values]
+    assert wire.varint(300) == b"\xac\x02" and len(wire.varint(-1)) == 10
 
 
 # --- Framing -------------------------------------------------------------------
