@@ -27,6 +27,7 @@ Element types, as the type aliases below name them:
     BucketSizes   (split, (bucket ids, records, shard bytes)), int64 arrays
     Plans         {split: sharding.ShardPlan}            (one element)
     SpillRun      (split, path, (bucket ids, records, shard bytes), starts, ends)
+                  (the spill file holds key + framed record, see `shard_io`)
 
 Every ParDo has a single output: Beam's DaskRunner sends all tagged outputs of
 a multi-output ParDo into one collection.
@@ -54,7 +55,7 @@ from pipeline.batches import encode_batch, group_by_bucket
 from pipeline.shard_io import ShardFileWriter, iter_spill_range, write_spill
 
 COUNTER_NAMESPACE = "mnist_pipeline"
-MERGE_MEMORY_BYTES = 64 << 20
+MERGE_MEMORY_BYTES = 32 << 20
 ESTIMATED_RECORD_BYTES = contract.IMAGE_BYTES + 64
 
 ReadTask = tuple[str, int, Any]
@@ -187,10 +188,12 @@ class _SpillFn(_SourceFn):
         for chunk, (buckets, keys, examples) in enumerate(self._encoded_chunks(split, task)):
             path = contract.join_path(self._settings.spill_dir(),
                                       f"{split}-{task_index:06d}-{chunk:06d}")
-            ids, starts, ends = write_spill(path, buckets, keys, examples)
-            lengths = np.fromiter(map(len, examples), np.int64, len(examples))
+            framed = framing.frame_records(examples)
+            del examples
+            ids, starts, ends = write_spill(path, buckets, keys, framed)
+            lengths = np.fromiter(map(len, framed), np.int64, len(framed))
             counts = np.bincount(buckets, minlength=ids[-1] + 1 if len(ids) else 0)[ids]
-            sizes = np.bincount(buckets, lengths + framing.RECORD_OVERHEAD,
+            sizes = np.bincount(buckets, lengths,
                                 minlength=ids[-1] + 1 if len(ids) else 0)[ids]
             yield split, path, (ids, counts, sizes.astype(np.int64)), starts, ends
 
@@ -258,12 +261,14 @@ class _ShardWriterFn(beam.DoFn):
         storage.configure_gcs()
 
     def _write(self, split: str, shard: int, num_shards: int,
-               examples: Iterable[bytes]) -> WrittenShard:
-        """Writes examples (already in key order) under the shard's final name."""
+               records: Iterable[bytes], framed: bool = False) -> WrittenShard:
+        """Writes records (already in key order, ``framed`` or not) under the shard's name."""
         name = contract.shard_filename(split, shard, num_shards)
         writer = ShardFileWriter(contract.join_path(self._settings.temp_dir, name),
                                  self._settings.compression)
-        writer.write_all(examples)
+        write = writer.write_framed if framed else writer.write
+        for record in records:
+            write(record)
         info = writer.close()
         logging.debug("Wrote %s: %d examples, %d bytes", name, info["num_examples"],
                      info["num_bytes"])
@@ -324,7 +329,7 @@ class _MergeShardFn(_ShardWriterFn):
         chunk = max(16 << 10, min(1 << 20, MERGE_MEMORY_BYTES // max(len(ranges), 1)))
         streams = [iter_spill_range(path, start, end, chunk) for path, start, end in ranges]
         yield self._write(split, shard, plans[split].num_shards,
-                          (record for _, record in heapq.merge(*streams)))
+                          (record for _, record in heapq.merge(*streams)), framed=True)
 
 
 class MergeSpillsIntoShards(beam.PTransform):

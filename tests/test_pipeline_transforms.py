@@ -12,7 +12,7 @@ from apache_beam.testing import test_pipeline
 from apache_beam.testing.util import assert_that, equal_to
 
 import mnist_contract as contract
-from mnist_contract import examples
+from mnist_contract import examples, framing
 
 from pipeline import batches, records, sharding, transforms
 from pipeline.shard_io import iter_spill_range, write_spill
@@ -185,20 +185,29 @@ def test_spill_file_round_trip_and_damage(tmp_path):
     rng = np.random.default_rng(3)
     indices = np.arange(500)
     keys = batches.shuffle_keys("s", "train", indices)
-    payloads = [rng.bytes(int(rng.integers(1, 300))) for _ in indices]
+    framed = framing.frame_records([rng.bytes(int(rng.integers(1, 300))) for _ in indices])
     buckets = batches.buckets_of(keys, 6)
     assert buckets.tolist() == [records.bucket_of(k, 6) for k in map(bytes, keys)]
     path = str(tmp_path / "spill")
-    ids, starts, ends = write_spill(path, buckets, keys, payloads)
+    ids, starts, ends = write_spill(path, buckets, keys, framed)
     assert list(ids) == sorted(set(buckets.tolist()))
     got = []
     for bucket, start, end in zip(ids, starts, ends):  # each bucket is one byte range
         part = list(iter_spill_range(path, int(start), int(end), chunk_bytes=97))
         assert {records.bucket_of(k, 6) for k, _ in part} == {bucket}
         got.extend(part)
-    assert got == sorted(zip(map(bytes, keys), payloads))
-    data = bytearray(Path(path).read_bytes())
-    data[40] ^= 1
-    Path(path).write_bytes(bytes(data))
-    with pytest.raises(IOError, match="spill file damaged"):
-        list(iter_spill_range(path, 0, len(data), chunk_bytes=1 << 16))
+    # The framed records come back as written, to be copied into shards unchanged.
+    assert got == sorted(zip(map(bytes, keys), framed))
+    good = Path(path).read_bytes()
+    for at, problem in ((40, "bad data CRC in record at byte 0"),
+                        (16 + 3, "bad length CRC at byte 16")):
+        data = bytearray(good)
+        data[at] ^= 1
+        Path(path).write_bytes(bytes(data))
+        with pytest.raises(IOError, match=f"spill file damaged: .*spill: {problem}"):
+            list(iter_spill_range(path, 0, len(data), chunk_bytes=1 << 16))
+    Path(path).write_bytes(good[:-5])
+    with pytest.raises(IOError, match="spill file damaged: .*ends 5 bytes early"):
+        list(iter_spill_range(path, 0, len(good), chunk_bytes=1 << 16))
+    with pytest.raises(IOError, match="spill file damaged: .*truncated record"):
+        list(iter_spill_range(path, 0, len(good) - 5, chunk_bytes=1 << 16))
