@@ -11,6 +11,8 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
+# The suite covers every role, the Dask runner included.
+export EXTRAS="${EXTRAS:-pipeline,dask,trainer,test}"
 # shellcheck source=scripts/bootstrap.sh
 source scripts/bootstrap.sh
 export TF_CPP_MIN_LOG_LEVEL="${TF_CPP_MIN_LOG_LEVEL:-2}"
