@@ -8,7 +8,6 @@ disagree about names, kinds or how the image is stored.
 
 from __future__ import annotations
 
-import io
 from typing import Mapping
 
 import numpy as np
@@ -16,23 +15,7 @@ import tensorflow as tf
 
 from mnist_contract.spec import (FEATURES, IMAGE_BYTES, IMAGE_FORMATS, IMAGE_HEIGHT,
                                  IMAGE_WIDTH)
-
-
-def encode_image(image: np.ndarray, image_format: str) -> bytes:
-    """A 28x28 (or 28x28x1) uint8 image as raw bytes or a grayscale PNG."""
-    image = np.asarray(image)
-    if image.shape not in ((IMAGE_HEIGHT, IMAGE_WIDTH), (IMAGE_HEIGHT, IMAGE_WIDTH, 1)):
-        raise ValueError(f"image shape {image.shape}, expected 28x28")
-    image = image.reshape(IMAGE_HEIGHT, IMAGE_WIDTH)
-    if image_format == "raw":
-        return np.ascontiguousarray(image, dtype=np.uint8).tobytes()
-    if image_format == "png":
-        from PIL import Image  # only PNG output needs Pillow
-        buffer = io.BytesIO()
-        Image.fromarray(np.asarray(image, dtype=np.uint8), mode="L").save(
-            buffer, format="PNG", optimize=False, compress_level=6)
-        return buffer.getvalue()
-    raise ValueError(f"unknown image format {image_format!r}")
+from mnist_contract.wire import encode_image  # noqa: F401 (one image encoder, no TF needed)
 
 
 def decode_image(data: bytes, image_format: str) -> np.ndarray:

@@ -15,16 +15,18 @@ Every length-delimited field is ``tag | varint length | payload``. Parts that
 depend only on a length or a small value are cached, so a record costs a few
 concatenations. The contract tests check the result byte for byte against
 ``tf.train.Example.SerializeToString(deterministic=True)``. Standard library
-and numpy only (PNG images need Pillow).
+and numpy only (PNG images need Pillow), so the conversion job runs without
+importing TensorFlow.
 """
 
 from __future__ import annotations
 
+import io
 from typing import Sequence
 
 import numpy as np
 
-from mnist_contract.spec import FEATURES, IMAGE_BYTES, IMAGE_FORMATS
+from mnist_contract.spec import FEATURES, IMAGE_BYTES, IMAGE_FORMATS, IMAGE_HEIGHT, IMAGE_WIDTH
 
 _UINT64 = (1 << 64) - 1
 
@@ -102,6 +104,23 @@ def _int64_entries(name: str, values: np.ndarray) -> list[bytes]:
     return out
 
 
+def encode_image(image: np.ndarray, image_format: str) -> bytes:
+    """A 28x28 (or 28x28x1) uint8 image as raw bytes or a grayscale PNG."""
+    image = np.asarray(image)
+    if image.shape not in ((IMAGE_HEIGHT, IMAGE_WIDTH), (IMAGE_HEIGHT, IMAGE_WIDTH, 1)):
+        raise ValueError(f"image shape {image.shape}, expected 28x28")
+    image = image.reshape(IMAGE_HEIGHT, IMAGE_WIDTH)
+    if image_format == "raw":
+        return np.ascontiguousarray(image, dtype=np.uint8).tobytes()
+    if image_format == "png":
+        from PIL import Image  # only PNG output needs Pillow
+        buffer = io.BytesIO()
+        Image.fromarray(np.asarray(image, dtype=np.uint8), mode="L").save(
+            buffer, format="PNG", optimize=False, compress_level=6)
+        return buffer.getvalue()
+    raise ValueError(f"unknown image format {image_format!r}")
+
+
 def _image_bytes(images: np.ndarray, image_format: str) -> list[bytes]:
     n = len(images)
     if image_format == "raw":
@@ -110,7 +129,6 @@ def _image_bytes(images: np.ndarray, image_format: str) -> list[bytes]:
             raise ValueError(f"images of {flat.shape[1]} bytes, expected {IMAGE_BYTES}")
         data = flat.tobytes()
         return [data[i * IMAGE_BYTES:(i + 1) * IMAGE_BYTES] for i in range(n)]
-    from mnist_contract.examples import encode_image  # PNG needs Pillow (and TF's module)
     return [encode_image(image, image_format) for image in images]
 
 

@@ -47,7 +47,10 @@ def main(argv=None) -> int:
         handler.addFilter(_DropInputErrorTracebacks())
     logging.getLogger("apache_beam").setLevel(logging.WARNING)
     logging.getLogger("tensorflow").setLevel(logging.WARNING)
-    console.import_tensorflow_quietly()
+    if job_args.source == "tfds":
+        console.import_tensorflow_quietly()  # TFDS reads through TensorFlow
+    else:
+        console.set_tensorflow_log_level()  # records are encoded without TensorFlow
     from pipeline import job
     try:
         manifest = job.run(argv)

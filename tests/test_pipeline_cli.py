@@ -252,6 +252,18 @@ def test_a_run_prints_no_startup_noise_and_each_fact_once(tmp_path):
     assert result.returncode == 0 and result.stderr == "", result.stderr
 
 
+def test_conversion_runs_without_importing_tensorflow(tmp_path):
+    """Records are encoded by `mnist_contract.wire`: no TensorFlow start-up time or memory."""
+    code = ("import sys; from pipeline.__main__ import main; "
+            f"rc = main(['--source=sample', '--output={tmp_path / 'out'}', "
+            "'--image_format=png']); "
+            "print('tensorflow loaded:', 'tensorflow' in sys.modules); sys.exit(rc)")
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "tensorflow loaded: False" in result.stdout, result.stdout
+
+
 def test_console_scripts_are_declared_and_documented():
     import importlib
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
