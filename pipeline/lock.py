@@ -147,11 +147,17 @@ class _Gcs:
     def blob(self):
         return self.bucket.blob(self.name)
 
+    @staticmethod
+    def retry():
+        """Beam's GCS retry policy, with the deadline `storage.configure_gcs` gave it."""
+        from apache_beam.io.gcp import gcsio_retry
+        return gcsio_retry.DEFAULT_RETRY
+
     def create(self, data: bytes):
         from google.api_core import exceptions
         blob = self.blob()
         try:
-            blob.upload_from_string(data, if_generation_match=0)
+            blob.upload_from_string(data, if_generation_match=0, retry=self.retry())
         except exceptions.PreconditionFailed:
             return None
         return blob.generation
@@ -159,11 +165,12 @@ class _Gcs:
     def read(self):
         from google.api_core import exceptions
         try:
-            blob = self.bucket.get_blob(self.name)
+            blob = self.bucket.get_blob(self.name, retry=self.retry())
             if blob is None:
                 return None
             generation = blob.generation
-            data = blob.download_as_bytes(if_generation_match=generation)
+            data = blob.download_as_bytes(if_generation_match=generation,
+                                          retry=self.retry())
         except (exceptions.NotFound, exceptions.PreconditionFailed):
             return None  # gone, or replaced since: the caller tries again
         return data, generation, 0.0
@@ -172,7 +179,7 @@ class _Gcs:
         from google.api_core import exceptions
         blob = self.blob()
         try:
-            blob.upload_from_string(data, if_generation_match=token)
+            blob.upload_from_string(data, if_generation_match=token, retry=self.retry())
         except (exceptions.PreconditionFailed, exceptions.NotFound):
             return None
         return blob.generation
@@ -180,7 +187,7 @@ class _Gcs:
     def delete_if(self, token) -> bool:
         from google.api_core import exceptions
         try:
-            self.blob().delete(if_generation_match=token)
+            self.blob().delete(if_generation_match=token, retry=self.retry())
         except (exceptions.PreconditionFailed, exceptions.NotFound):
             return False
         return True
@@ -269,6 +276,8 @@ def acquire(output: str, run_id: str) -> OutputLock:
             continue  # released between our create and read: try again
         data, token, heartbeat = current
         holder = LockInfo.from_bytes(data, heartbeat)
+        if holder.run_id == run_id:  # our create succeeded, its reply was lost and retried
+            return OutputLock(output, backend, info, token)
         now = time.time()
         reason = dead_reason(holder, now)
         if not reason:
