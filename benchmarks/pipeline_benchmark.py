@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -38,19 +37,28 @@ from pipeline.sources import SampleSource  # noqa: E402
 RECORD_BYTES = 856  # a raw-format synthetic record with its TFRecord framing
 
 
+# Runs argv[1:] and prints its wall time and peak RSS. A process started
+# straight from this benchmark would inherit this process's own peak RSS (Linux
+# keeps ru_maxrss across fork and exec, and this process holds the 10x IDX
+# data while writing it), so a small fresh interpreter starts the measured one.
+_MEASURE = """
+import os, resource, subprocess, sys, time
+start = time.perf_counter()
+child = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL)
+_, status, usage = os.wait4(child.pid, 0)
+print(time.perf_counter() - start, usage.ru_maxrss, os.waitstatus_to_exitcode(status))
+"""
+
+
 def run_measured(cmd: list[str]) -> tuple[float, float]:
     """(wall seconds, peak RSS in MiB) of one child process."""
-    start = time.perf_counter()
-    process = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE,
-                               env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
-    _, status, usage = os.wait4(process.pid, 0)
-    wall = time.perf_counter() - start
-    stderr = process.stderr.read().decode()
-    process.stderr.close()
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"{cmd} failed:\n{stderr[-3000:]}")
-    return wall, usage.ru_maxrss / 1024
+    result = subprocess.run([sys.executable, "-c", _MEASURE, *cmd], cwd=REPO,
+                            capture_output=True, text=True,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    wall, maxrss, code = result.stdout.split()
+    if int(code) != 0:
+        raise RuntimeError(f"{cmd} failed:\n{result.stderr[-3000:]}")
+    return float(wall), int(maxrss) / 1024
 
 
 def write_idx(folder: Path, factor: int) -> None:
