@@ -50,6 +50,7 @@ import mnist_contract as contract  # noqa: E402
 from mnist_contract import examples  # noqa: E402
 from tests import trainer_data  # noqa: E402
 from trainer import custom_loop, data, model as model_lib  # noqa: E402
+from trainer.config import TrainConfig  # noqa: E402
 
 BARS = {"input": 0.9, "keras_linear": 1.5}
 
@@ -206,9 +207,9 @@ def custom_ratio(split: data.SplitFiles, batch: int, steps: int,
     dist = data.SplitInput(split, batch, training=True).distribute(strategy)
 
     def loop(spe):
-        options = custom_loop.LoopOptions(epochs=1, steps_per_epoch=steps,
-                                          global_batch_size=batch, steps_per_execution=spe)
-        lp = custom_loop.CustomLoop(strategy, "small", 1e-3, options)
+        config = TrainConfig(data="-", model_dir="-", epochs=1, steps_per_epoch=steps,
+                             global_batch_size=batch, steps_per_execution=spe)
+        lp = custom_loop.CustomLoop(config, strategy, steps)
         it = iter(dist)
         lp.train(it, steps)  # warm-up
         float(lp.train_loss.result())

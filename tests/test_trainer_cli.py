@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import re
 import subprocess
 import sys
 import uuid
@@ -13,7 +15,7 @@ import mnist_contract as contract
 from tests import trainer_data
 from tests.conftest import REPO
 from trainer import __main__ as cli
-from trainer import outputs
+from trainer import config as config_lib, outputs
 from trainer.config import TrainConfig, TrainerError
 
 
@@ -46,8 +48,9 @@ def test_in_process_run_prints_final_metrics(dataset, tmp_path, loop, extra, cap
     out = capsys.readouterr().out
     assert rc == 0
     assert "test_examples=21 train_examples=128 train_steps=8" in out
-    assert f"({loop} loop, _DefaultDistributionStrategy, 1 replica(s))" in out
-    assert outputs.read_metrics(f"{tmp_path}/m")["test_examples"] == 21
+    assert f"({loop} loop, default, 1 replica(s))" in out
+    metrics = outputs.read_metrics(f"{tmp_path}/m")
+    assert metrics["test_examples"] == 21 and metrics["strategy"] == "default"
 
 
 def test_missing_data_dir(tmp_path, capsys):
@@ -115,14 +118,71 @@ def test_bad_settings(argv, message, tmp_path, capsys):
 
 
 def test_flags_fill_the_config():
-    config = cli.parse_args(["--data=gs://b/d", "--model_dir=gs://b/m", "--loop=custom",
-                             "--cache", "--mixed_precision=bfloat16", "--tpu=local",
-                             "--strategy=tpu", "--steps_per_execution=7"])
+    config = cli.parse_flags(["--data=gs://b/d", "--model_dir=gs://b/m", "--loop=custom",
+                              "--cache", "--mixed_precision=bfloat16", "--tpu=local",
+                              "--strategy=tpu", "--steps_per_execution=7",
+                              "--jit_compile=false", "--seed=4", "--learning_rate=0.01"])
     assert config == TrainConfig(data="gs://b/d", model_dir="gs://b/m", loop="custom",
                                  cache=True, mixed_precision="bfloat16", tpu="local",
-                                 strategy="tpu", steps_per_execution=7)
+                                 strategy="tpu", steps_per_execution=7, seed=4,
+                                 learning_rate=0.01)
     with pytest.raises(TrainerError):
         TrainConfig(data="d", model_dir="m", loop="estimator")
+
+
+def test_every_field_is_a_flag_and_help_shows_its_default(capsys):
+    with pytest.raises(SystemExit):
+        cli.parse_flags(["--help"])
+    text = " ".join(capsys.readouterr().out.split())  # unwrap argparse's lines
+    for f in dataclasses.fields(TrainConfig):
+        assert f"--{f.name}" in text
+    assert "(default: 128)" in text and "(default: keras)" in text
+    assert "(default: train examples // global batch size)" in text
+    assert ("Presets: cpu: the defaults shown; tpu: model=guide, global_batch_size=1024, "
+            "mixed_precision=bfloat16, steps_per_execution=50.") in text
+
+
+def test_presets_and_explicit_flags_override_them():
+    base = ["--data=d", "--model_dir=m"]
+    assert cli.parse_flags(base) == TrainConfig(data="d", model_dir="m")
+    assert cli.parse_flags(base + ["--preset=cpu"]) == TrainConfig(data="d", model_dir="m")
+    tpu = cli.parse_flags(base + ["--preset=tpu"])
+    assert (tpu.model, tpu.global_batch_size, tpu.mixed_precision,
+            tpu.steps_per_execution) == ("guide", 1024, "bfloat16", 50)
+    mine = cli.parse_flags(base + ["--preset=tpu", "--global_batch_size=2048",
+                                   "--mixed_precision=none"])
+    assert (mine.model, mine.global_batch_size, mine.mixed_precision) == (
+        "guide", 2048, "none")
+    assert config_lib.from_preset("tpu", data="d", model_dir="m") == tpu
+    with pytest.raises(TrainerError, match="--preset must be one of cpu, tpu"):
+        config_lib.from_preset("gpu", data="d", model_dir="m")
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--epochs=1.5"], "argument --epochs: invalid int value: '1.5'"),
+    (["--cache=maybe"], "argument --cache: expected true/false, not 'maybe'"),
+    (["--loop=estimator"], "argument --loop: invalid choice: 'estimator'"),
+    (["--preset=gpu"], "argument --preset: invalid choice: 'gpu'"),
+])
+def test_bad_flags_are_usage_errors(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--data=d", "--model_dir=m", *argv])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(global_batch_size=0), "--global_batch_size must be >= 1, not 0"),
+    (dict(learning_rate=float("nan")), "--learning_rate must be a positive number"),
+    (dict(warmup_steps=-1), "--warmup_steps must be >= 0, not -1"),
+    (dict(model="huge"), "--model must be one of guide, small, convnet, not 'huge'"),
+    (dict(mixed_precision="fp16"), "--mixed_precision must be one of none, bfloat16"),
+])
+def test_config_checks_once_on_creation(kwargs, message):
+    with pytest.raises(TrainerError, match=re.escape(message)):
+        TrainConfig(data="d", model_dir="m", **kwargs)
+    with pytest.raises(TrainerError, match="does not divide into 3 replicas"):
+        TrainConfig(data="d", model_dir="m", global_batch_size=8).check_replicas(3)
 
 
 # Real processes: the TPU probe changes process-wide TF state, and these show
@@ -142,10 +202,15 @@ def test_bad_tpu_off_a_tpu(dataset, tmp_path, tpu, reason):
 
 
 def test_missing_shard_from_the_shell(tmp_path):
+    """Also: without TF_CPP_MIN_LOG_LEVEL set, TF's C++ start-up lines stay hidden."""
     out = str(tmp_path / "data")
     trainer_data.write_dataset(out, num_train=16, num_test=4, test_shards=2)
     gone = f"{out}/{contract.shard_filename('test', 0, 2)}"
     os.remove(gone)
-    proc = run_cli(f"--data={out}", f"--model_dir={tmp_path}/m")
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    proc = subprocess.run([sys.executable, "-m", "trainer", f"--data={out}",
+                           f"--model_dir={tmp_path}/m"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
-    assert error_lines(proc.stderr) == [f"error: {gone}: listed in manifest.json but missing"]
+    assert proc.stderr.splitlines() == [
+        f"error: {gone}: listed in manifest.json but missing"], proc.stderr

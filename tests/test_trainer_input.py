@@ -183,12 +183,6 @@ def test_keras_form_is_tuples():
     assert w.shape == (8,)
 
 
-def test_batch_must_divide_into_replicas():
-    files = split(ram_dir(), num_train=32)
-    with pytest.raises(TrainerError, match="does not divide into 3 replicas"):
-        data.SplitInput(files, 8, training=True).dataset_fn(context(1, 0, 3))
-
-
 # -- errors -------------------------------------------------------------------
 
 def test_missing_data_dir():

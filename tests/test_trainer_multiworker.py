@@ -169,7 +169,7 @@ def test_two_workers(dataset, tmp_path, loop):
     for rc, out, err, _ in results:
         assert rc == 0, out[-2000:] + err[-4000:]
         assert "test_examples=37" in out
-        assert "CollectiveAllReduceStrategy, 2 replica(s)" in out
+        assert "MultiWorkerMirroredStrategy, 2 replica(s)" in out
         assert "split 'test': 1 file(s) for 2 input pipelines" in err
         assert "split 'train'" not in err  # 4 files: sharded by file
     finals = [out.strip().splitlines()[-1] for _, out, _, _ in results]

@@ -15,7 +15,7 @@ import tf_keras as keras
 from tests import trainer_data
 from tests.conftest import REPO
 from trainer import custom_loop, data, model as model_lib, strategy as strategy_lib
-from trainer.config import TrainerError
+from trainer.config import TrainConfig, TrainerError
 
 
 def test_train_step_compiles_with_xla_on_cpu():
@@ -25,9 +25,9 @@ def test_train_step_compiles_with_xla_on_cpu():
     files = data.split_files(out, data.load_manifest(out), "train")
     ds = data.SplitInput(files, 16, training=True).dataset_fn(tf.distribute.InputContext())
     strategy = tf.distribute.get_strategy()
-    options = custom_loop.LoopOptions(epochs=1, steps_per_epoch=6, global_batch_size=16,
-                                      steps_per_execution=3, jit_compile=True)
-    loop = custom_loop.CustomLoop(strategy, "small", 1e-3, options)
+    config = TrainConfig(data=out, model_dir="-", global_batch_size=16,
+                         steps_per_execution=3, jit_compile=True)
+    loop = custom_loop.CustomLoop(config, strategy, total_steps=6)
     batch = next(iter(ds))
     hlo = loop.replica_step.experimental_get_compiler_ir(batch)(stage="hlo")
     assert hlo.startswith("HloModule")
@@ -127,3 +127,10 @@ def test_the_pipeline_never_imports_the_trainer():
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
+
+
+def test_public_strategy_names(monkeypatch):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    assert strategy_lib.public_name(tf.distribute.get_strategy()) == "default"
+    assert strategy_lib.public_name(tf.distribute.MirroredStrategy()) == "MirroredStrategy"
+    assert strategy_lib.num_hosts(tf.distribute.get_strategy()) == 1

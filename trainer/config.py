@@ -1,21 +1,32 @@
-"""The trainer's configuration: one frozen dataclass, validated on creation.
+"""The trainer's configuration: one frozen dataclass, its flags, its presets.
 
-The command line (`trainer.__main__`) only fills this in; everything else
-takes a `TrainConfig`, so a notebook or a test can drive the trainer
-without argv.
+`TrainConfig` is the only way settings travel: the command line fills one
+in (`parse_flags`), and every part of the trainer takes the whole object.
+Each field's help text sits in its metadata, and the flags are generated
+from the fields (type, default, choices, help), so ``python -m trainer
+--help`` cannot drift from the code. All checks that need no TensorFlow
+run once, in ``__post_init__``; the one that needs the strategy (batch
+divisible by replicas) is `TrainConfig.check_replicas`.
+
+Presets are named sets of field values applied before explicit flags:
+``cpu`` (the default, the demo recipe) and ``tpu`` (the "Use TPUs" guide's
+settings). This module imports neither TensorFlow nor Keras, so ``--help``
+and bad flags answer at once.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import re
-from typing import Optional
+import typing
+from typing import Any, Mapping, Optional, Sequence
 
 LOOPS = ("keras", "custom")
 STRATEGIES = ("auto", "tpu", "mirrored", "multi_worker", "default")
 MODELS = ("guide", "small", "convnet")
-LR_SCHEDULES = ("constant", "cosine")
 PRECISIONS = ("none", "bfloat16")
+SCHEDULES = ("constant", "cosine")
 
 
 class TrainerError(Exception):
@@ -40,37 +51,55 @@ def summarize_error(error: BaseException, limit: int = 160) -> str:
     return line[:limit] or type(error).__name__
 
 
+def _field(default: Any, help: str, **meta) -> Any:
+    return dataclasses.field(default=default, metadata={"help": help, **meta})
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
-    data: str
-    model_dir: str
-    loop: str = "keras"
-    model: str = "small"
-    # Random rotations/zooms/shifts while training (trainer.augment).
-    augment: bool = False
-    epochs: int = 3
-    global_batch_size: int = 128
-    # None: as many steps as the train split fills with whole global batches.
-    steps_per_epoch: Optional[int] = None
-    steps_per_execution: int = 50
-    learning_rate: float = 1e-3
-    lr_schedule: str = "constant"  # or "cosine": decay to 0 at the last step
-    warmup_steps: int = 0  # linear warmup from 0 to learning_rate
-    strategy: str = "auto"
-    tpu: Optional[str] = None  # 'local' on a TPU VM, else the TPU's name
-    cpu_replicas: int = 0  # >0: split the CPU into this many logical devices
-    mixed_precision: str = "none"
-    jit_compile: bool = False
-    cache: bool = False
-    shuffle_buffer: int = 10_000
-    # Seeds the weights and the input order (a deterministic stream that a
-    # resumed run continues); None: random.
-    seed: Optional[int] = None
-    # Also checkpoint every N steps within an epoch (0: at epoch ends only).
-    checkpoint_every: int = 0
-    log_every: int = 100  # custom loop: a progress line at least this often
-    keep_checkpoints: int = 3
-    verbose: int = 1  # Keras progress bar: 0 silent, 1 bar, 2 one line/epoch
+    data: str = _field("", "pipeline output directory (manifest.json + shards), "
+                           "local or gs://", required=True)
+    model_dir: str = _field("", "where checkpoints, TensorBoard logs, the export "
+                                "and metrics.json go", required=True)
+    loop: str = _field("keras", "keras: Model.fit; custom: a hand-written loop",
+                       choices=LOOPS)
+    model: str = _field("small", "guide: the TPU guide's CNN; small: a narrow one "
+                                 "for tests; convnet: the CPU recipe (with --augment, "
+                                 "--lr_schedule=cosine)", choices=MODELS)
+    augment: bool = _field(False, "random rotations, zooms and shifts while training "
+                                  "(inactive at inference)")
+    epochs: int = _field(3, "passes over steps_per_epoch steps")
+    global_batch_size: int = _field(128, "examples per step, split evenly "
+                                         "between replicas")
+    steps_per_epoch: Optional[int] = _field(
+        None, "optimizer steps per epoch", shown="train examples // global batch size")
+    steps_per_execution: int = _field(50, "training steps per tf.function call "
+                                          "(both loops; 1: one step per call)")
+    learning_rate: float = _field(1e-3, "Adam's (peak) learning rate")
+    lr_schedule: str = _field("constant", "learning rate after warm-up: constant "
+                                          "or cosine decay to 0", choices=SCHEDULES)
+    warmup_steps: int = _field(0, "linear warm-up from 0 over this many steps")
+    strategy: str = _field("auto", "auto: a TPU if there are signs of one, else "
+                                   "GPUs, else TF_CONFIG workers, else default",
+                           choices=STRATEGIES)
+    tpu: Optional[str] = _field(None, "'local' on a TPU VM, else the TPU's name",
+                                shown="$TPU_NAME, else local")
+    cpu_replicas: int = _field(0, "split the CPU into N logical devices "
+                                  "(MirroredStrategy); 0: off")
+    mixed_precision: str = _field("none", "bfloat16: mixed_bfloat16 policy, "
+                                          "logits kept float32", choices=PRECISIONS)
+    jit_compile: bool = _field(False, "XLA-compile the train step")
+    cache: bool = _field(False, "keep the records in memory after the first epoch")
+    shuffle_buffer: int = _field(10_000, "records")
+    seed: Optional[int] = _field(None, "seed the weights and the input order; a "
+                                       "resumed run continues the same stream")
+    checkpoint_every: int = _field(0, "also checkpoint every N steps within an "
+                                      "epoch (0: epoch ends only)")
+    keep_checkpoints: int = _field(3, "checkpoints kept in model_dir/checkpoints")
+    log_every: int = _field(100, "a progress line and train summaries every N "
+                                 "steps (rounded up to whole executions)")
+    verbose: int = _field(1, "Keras progress: 0 silent, 1 bar, 2 a line per epoch",
+                          choices=(0, 1, 2))
 
     def __post_init__(self):
         def check(ok: bool, what: str):
@@ -79,27 +108,23 @@ class TrainConfig:
 
         check(bool(self.data), "--data is required")
         check(bool(self.model_dir), "--model_dir is required")
-        check(self.loop in LOOPS, f"--loop must be one of {LOOPS}, not {self.loop!r}")
-        check(self.model in MODELS, f"--model must be one of {MODELS}, not {self.model!r}")
-        check(self.strategy in STRATEGIES,
-              f"--strategy must be one of {STRATEGIES}, not {self.strategy!r}")
-        check(self.mixed_precision in PRECISIONS,
-              f"--mixed_precision must be one of {PRECISIONS}, not {self.mixed_precision!r}")
-        check(self.lr_schedule in LR_SCHEDULES,
-              f"--lr_schedule must be one of {LR_SCHEDULES}, not {self.lr_schedule!r}")
-        check(self.warmup_steps >= 0, f"--warmup_steps must be >= 0, not {self.warmup_steps}")
-        check(self.epochs >= 1, f"--epochs must be >= 1, not {self.epochs}")
-        check(self.global_batch_size >= 1,
-              f"--global_batch_size must be >= 1, not {self.global_batch_size}")
+        for f in dataclasses.fields(self):
+            choices = f.metadata.get("choices")
+            value = getattr(self, f.name)
+            check(choices is None or value in choices,
+                  f"--{f.name} must be one of {', '.join(map(str, choices or ()))}, "
+                  f"not {value!r}")
+        for name in ("epochs", "global_batch_size", "steps_per_execution",
+                     "shuffle_buffer", "log_every", "keep_checkpoints"):
+            check(getattr(self, name) >= 1,
+                  f"--{name} must be >= 1, not {getattr(self, name)}")
+        for name in ("warmup_steps", "cpu_replicas", "checkpoint_every"):
+            check(getattr(self, name) >= 0,
+                  f"--{name} must be >= 0, not {getattr(self, name)}")
         check(self.steps_per_epoch is None or self.steps_per_epoch >= 1,
               f"--steps_per_epoch must be >= 1, not {self.steps_per_epoch}")
-        check(self.steps_per_execution >= 1,
-              f"--steps_per_execution must be >= 1, not {self.steps_per_execution}")
-        check(self.cpu_replicas >= 0, f"--cpu_replicas must be >= 0, not {self.cpu_replicas}")
-        check(self.shuffle_buffer >= 1, f"--shuffle_buffer must be >= 1, not {self.shuffle_buffer}")
-        check(self.checkpoint_every >= 0,
-              f"--checkpoint_every must be >= 0, not {self.checkpoint_every}")
-        check(self.log_every >= 1, f"--log_every must be >= 1, not {self.log_every}")
+        check(self.learning_rate > 0 and self.learning_rate < float("inf"),
+              f"--learning_rate must be a positive number, not {self.learning_rate}")
         check(self.tpu is None or self.tpu.strip() != "", "--tpu must not be empty")
         # XLA compiles for one CPU device; logical CPU replicas' variables sit
         # on the others ("Trying to access resource ... located in device CPU:1").
@@ -109,3 +134,100 @@ class TrainConfig:
         check(self.cpu_replicas == 0 or self.strategy in ("auto", "mirrored"),
               "--cpu_replicas works with --strategy=auto or mirrored, "
               f"not {self.strategy!r}")
+
+    def check_replicas(self, replicas: int) -> None:
+        """The check that needs the strategy: whole per-replica batches."""
+        if self.global_batch_size % replicas:
+            raise TrainerError(f"--global_batch_size={self.global_batch_size} does not "
+                               f"divide into {replicas} replicas")
+
+
+# Field values a preset sets; explicit flags (or keyword arguments) win.
+PRESETS: Mapping[str, Mapping[str, Any]] = {
+    "cpu": {},  # the demo recipe: the field defaults above
+    "tpu": {"model": "guide", "global_batch_size": 1024, "mixed_precision": "bfloat16",
+            "steps_per_execution": 50},
+}
+DEFAULT_PRESET = "cpu"
+
+
+def from_preset(preset: str = DEFAULT_PRESET, **values: Any) -> TrainConfig:
+    """A config from a preset's values, overridden by ``values``."""
+    if preset not in PRESETS:
+        raise TrainerError(f"--preset must be one of {', '.join(PRESETS)}, not {preset!r}")
+    return TrainConfig(**{**PRESETS[preset], **values})
+
+
+# -- flags ----------------------------------------------------------------------
+
+def _bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes"):
+        return True
+    if text.lower() in ("0", "false", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false, not {text!r}")
+
+
+def _converter(f: dataclasses.Field, hint) -> Any:
+    if "parse" in f.metadata:
+        parse = f.metadata["parse"]
+
+        def convert(text: str):
+            try:
+                return parse(text)
+            except ValueError as e:
+                raise argparse.ArgumentTypeError(str(e)) from None
+        return convert
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    base = args[0] if typing.get_origin(hint) is typing.Union else hint
+    return {bool: _bool, int: int, float: float, str: str}[base]
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def flag_parser() -> argparse.ArgumentParser:
+    """An argparse parser with one flag per `TrainConfig` field, plus ``--preset``.
+
+    Unset flags stay absent from the result (``SUPPRESS``), so a preset's
+    values apply unless a flag names them.
+    """
+    presets = "; ".join(
+        f"{name}: " + (", ".join(f"{k}={_show(v)}" for k, v in values.items())
+                       or "the defaults shown") for name, values in PRESETS.items())
+    p = argparse.ArgumentParser(
+        prog="python -m trainer", argument_default=argparse.SUPPRESS,
+        description="Train an MNIST CNN on the pipeline's TFRecords "
+                    "(local path or gs://), on CPU, GPUs or a TPU.",
+        epilog=f"Presets: {presets}. Explicit flags override the preset's values. "
+               "At start the trainer logs the global batch per replica and per host "
+               "(on a pod: global batch / hosts).")
+    p.add_argument("--preset", choices=tuple(PRESETS), default=DEFAULT_PRESET,
+                   help="named defaults applied before the flags (default: cpu)")
+    hints = typing.get_type_hints(TrainConfig)
+    for f in dataclasses.fields(TrainConfig):
+        kwargs: dict[str, Any] = {"type": _converter(f, hints[f.name])}
+        if hints[f.name] is bool:  # --flag alone means true
+            kwargs.update(nargs="?", const=True, metavar="true|false")
+        if "choices" in f.metadata:
+            kwargs["choices"] = f.metadata["choices"]
+        if f.metadata.get("required"):
+            kwargs["required"] = True
+            help_text = f.metadata["help"] + " (required)"
+        else:
+            shown = f.metadata.get("shown") or _show(f.default)
+            help_text = f"{f.metadata['help']} (default: {shown})"
+        p.add_argument(f"--{f.name}", help=help_text.replace("%", "%%"), **kwargs)
+    return p
+
+
+def parse_flags(argv: Optional[Sequence[str]] = None) -> TrainConfig:
+    """Flags → `TrainConfig`: preset values first, then the flags given."""
+    given = vars(flag_parser().parse_args(argv))
+    preset = given.pop("preset")
+    return from_preset(preset, **given)

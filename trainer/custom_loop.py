@@ -28,7 +28,6 @@ under a strategy. Its pieces:
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 
@@ -39,43 +38,29 @@ import tf_keras as keras
 import mnist_contract as contract
 from mnist_contract import join_path
 from trainer import data, export, model as model_lib, outputs
+from trainer.config import TrainConfig
 
 log = logging.getLogger(__name__)
-
-
-@dataclasses.dataclass(frozen=True)
-class LoopOptions:
-    epochs: int
-    steps_per_epoch: int
-    global_batch_size: int
-    steps_per_execution: int = 1
-    log_every: int = 100
-    jit_compile: bool = False
-    keep_checkpoints: int = 3
-    checkpoint_every: int = 0  # steps; 0: at epoch ends only
-    augment: bool = False
-    lr_schedule: str = "constant"
-    warmup_steps: int = 0
 
 
 class CustomLoop:
     """Model, optimizer, metrics and the compiled train/eval functions."""
 
-    def __init__(self, strategy: tf.distribute.Strategy, model_name: str,
-                 learning_rate: float, options: LoopOptions):
+    def __init__(self, config: TrainConfig, strategy: tf.distribute.Strategy,
+                 total_steps: int):
         self.strategy = strategy
-        self.options = options
+        self.config = config
         with strategy.scope():
-            self.model = model_lib.build_model(model_name, augment=options.augment)
+            self.model = model_lib.build_model(config.model, augment=config.augment)
             self.optimizer = model_lib.make_optimizer(
-                learning_rate, options.lr_schedule,
-                options.epochs * options.steps_per_epoch, options.warmup_steps)
+                config.learning_rate, config.lr_schedule, total_steps,
+                config.warmup_steps)
             self.optimizer.build(self.model.trainable_variables)
             self.train_loss = keras.metrics.Mean(name="loss")
             self.train_accuracy = keras.metrics.SparseCategoricalAccuracy(name="accuracy")
             self.test_metrics = model_lib.eval_metrics()
         step = self._train_step
-        if options.jit_compile:
+        if config.jit_compile:
             step = tf.function(step, jit_compile=True)
         self.replica_step = step
 
@@ -87,7 +72,7 @@ class CustomLoop:
             per_example = keras.losses.sparse_categorical_crossentropy(
                 labels, logits, from_logits=True)
             loss = tf.nn.compute_average_loss(
-                per_example, global_batch_size=self.options.global_batch_size)
+                per_example, global_batch_size=self.config.global_batch_size)
             if self.model.losses:
                 loss += tf.nn.scale_regularization_loss(tf.add_n(self.model.losses))
         grads = tape.gradient(loss, self.model.trainable_variables)
@@ -119,7 +104,7 @@ class CustomLoop:
 
     def train(self, iterator, steps: int) -> None:
         """Runs ``steps`` training steps, ``steps_per_execution`` per call."""
-        chunk = self.options.steps_per_execution
+        chunk = self.config.steps_per_execution
         done = 0
         while done < steps:
             n = min(chunk, steps - done)
@@ -138,15 +123,16 @@ class CustomLoop:
                 "test_examples": int(round(r["examples"]))}
 
 
-def run(*, strategy: tf.distribute.Strategy, model_name: str, learning_rate: float,
-        train: data.SplitInput, test: data.SplitInput, model_dir: str,
-        options: LoopOptions) -> dict:
+def run(config: TrainConfig, strategy: tf.distribute.Strategy, train: data.SplitInput,
+        test: data.SplitInput, steps_per_epoch: int) -> dict:
     """Trains (resuming from ``model_dir``), evaluates, exports; returns metrics."""
-    loop = CustomLoop(strategy, model_name, learning_rate, options)
+    model_dir = config.model_dir
+    spe, total = steps_per_epoch, config.epochs * steps_per_epoch
+    loop = CustomLoop(config, strategy, total)
     ckpt = tf.train.Checkpoint(model=loop.model, optimizer=loop.optimizer)
     manager = tf.train.CheckpointManager(
         ckpt, outputs.write_dir(model_dir, outputs.CHECKPOINTS, strategy),
-        max_to_keep=options.keep_checkpoints, step_counter=loop.optimizer.iterations)
+        max_to_keep=config.keep_checkpoints, step_counter=loop.optimizer.iterations)
     outputs.log_write_dirs(model_dir, strategy)
     if manager.latest_checkpoint:
         ckpt.restore(manager.latest_checkpoint).assert_existing_objects_matched()
@@ -161,7 +147,6 @@ def run(*, strategy: tf.distribute.Strategy, model_name: str, learning_rate: flo
     train_writer = tf.summary.create_file_writer(join_path(logs_dir, "train"))
     test_writer = tf.summary.create_file_writer(join_path(logs_dir, "validation"))
 
-    spe, total = options.steps_per_epoch, options.epochs * options.steps_per_epoch
     if start:
         print(f"resuming at step {start}/{total}", flush=True)
     history = {"train_loss": [], "train_accuracy": [], "test_loss": [], "test_accuracy": []}
@@ -176,18 +161,18 @@ def run(*, strategy: tf.distribute.Strategy, model_name: str, learning_rate: flo
         while step < epoch_end:
             # Run up to the next progress line (a multiple of log_every), the
             # next mid-epoch checkpoint or the epoch end.
-            stop = min(epoch_end, (step // options.log_every + 1) * options.log_every)
-            every = options.checkpoint_every
+            stop = min(epoch_end, (step // config.log_every + 1) * config.log_every)
+            every = config.checkpoint_every
             if every:
                 stop = min(stop, (step // every + 1) * every)
             t0 = time.perf_counter()
             loop.train(iterator, stop - step)
             loss = float(loop.train_loss.result())  # waits for the steps to finish
             seconds = time.perf_counter() - t0
-            rate = (stop - step) * options.global_batch_size / max(seconds, 1e-9)
+            rate = (stop - step) * config.global_batch_size / max(seconds, 1e-9)
             step = stop
             accuracy = float(loop.train_accuracy.result())
-            print(f"step {step}/{total} epoch {epoch + 1}/{options.epochs} "
+            print(f"step {step}/{total} epoch {epoch + 1}/{config.epochs} "
                   f"loss {loss:.4f} accuracy {accuracy:.4f} {rate:.0f} examples/s",
                   flush=True)
             with train_writer.as_default(step=step):
@@ -197,7 +182,7 @@ def run(*, strategy: tf.distribute.Strategy, model_name: str, learning_rate: flo
             if every and step % every == 0 and step < epoch_end:
                 manager.save(checkpoint_number=step)
         result = loop.evaluate(test_ds, eval_steps)
-        print(f"epoch {epoch + 1}/{options.epochs} test_loss {result['test_loss']:.4f} "
+        print(f"epoch {epoch + 1}/{config.epochs} test_loss {result['test_loss']:.4f} "
               f"test_accuracy {result['test_accuracy']:.4f} "
               f"({result['test_examples']} examples)", flush=True)
         with test_writer.as_default(step=step):

@@ -221,10 +221,6 @@ class SplitInput:
         num_pipelines = input_context.num_input_pipelines
         pipeline_id = input_context.input_pipeline_id
         replicas = input_context.num_replicas_in_sync
-        if self.global_batch_size % replicas:
-            raise TrainerError(
-                f"--global_batch_size={self.global_batch_size} does not divide "
-                f"into {replicas} replicas")
         per_replica = input_context.get_per_replica_batch_size(self.global_batch_size)
         files = self.split.files
         by_file = shards_files(len(files), num_pipelines)

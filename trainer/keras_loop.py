@@ -31,6 +31,7 @@ import tf_keras as keras
 
 from mnist_contract import join_path
 from trainer import data, export, model as model_lib, outputs
+from trainer.config import TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -100,22 +101,21 @@ class _ResumeRecorder(keras.callbacks.Callback):
             print(f"resuming at step {self.start_step}/{self.total_steps}", flush=True)
 
 
-def run(*, strategy: tf.distribute.Strategy, model_name: str, learning_rate: float,
-        train: data.SplitInput, test: data.SplitInput, model_dir: str, epochs: int,
-        steps_per_epoch: int, steps_per_execution: int, jit_compile: bool,
-        verbose: int, checkpoint_every: int = 0,
-        callbacks: Sequence[keras.callbacks.Callback] = (), augment: bool = False,
-        lr_schedule: str = "constant", warmup_steps: int = 0) -> dict:
+def run(config: TrainConfig, strategy: tf.distribute.Strategy, train: data.SplitInput,
+        test: data.SplitInput, steps_per_epoch: int,
+        callbacks: Sequence[keras.callbacks.Callback] = ()) -> dict:
     """Fits (resuming an interrupted run), evaluates and exports; returns metrics."""
+    model_dir, epochs = config.model_dir, config.epochs
     with strategy.scope():
-        model = model_lib.build_model(model_name, augment=augment)
+        model = model_lib.build_model(config.model, augment=config.augment)
         model.compile(
-            optimizer=model_lib.make_optimizer(learning_rate, lr_schedule,
-                                               epochs * steps_per_epoch, warmup_steps),
+            optimizer=model_lib.make_optimizer(
+                config.learning_rate, config.lr_schedule, epochs * steps_per_epoch,
+                config.warmup_steps),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             weighted_metrics=model_lib.eval_metrics(),
-            steps_per_execution=steps_per_execution,
-            jit_compile=jit_compile)
+            steps_per_execution=config.steps_per_execution,
+            jit_compile=config.jit_compile)
     backup_dir = join_path(model_dir, outputs.BACKUP)
     start_step = backed_up_step(backup_dir)
     train_ds = train.distribute(strategy, start_step=start_step)
@@ -129,7 +129,7 @@ def run(*, strategy: tf.distribute.Strategy, model_name: str, learning_rate: flo
     cbs = [
         # The backup first: it restores weights, optimizer and position in
         # on_train_begin, before the recorder reads the step.
-        _Backup(backup_dir, checkpoint_every, steps_per_epoch),
+        _Backup(backup_dir, config.checkpoint_every, steps_per_epoch),
         recorder,
         keras.callbacks.ModelCheckpoint(checkpoint_path, save_weights_only=True),
         keras.callbacks.TensorBoard(
@@ -138,7 +138,7 @@ def run(*, strategy: tf.distribute.Strategy, model_name: str, learning_rate: flo
     ]
     history = model.fit(train_ds, epochs=epochs, steps_per_epoch=steps_per_epoch,
                         validation_data=test_ds, validation_steps=eval_steps,
-                        callbacks=cbs, verbose=verbose)
+                        callbacks=cbs, verbose=config.verbose)
     if recorder.start_step != start_step:  # the input skipped the wrong count
         log.warning("BackupAndRestore resumed at step %d, the input at step %d",
                     recorder.start_step, start_step)

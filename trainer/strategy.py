@@ -151,5 +151,33 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
     return task_type == "worker" and task_id == 0 and not has_chief
 
 
+def public_name(strategy: tf.distribute.Strategy) -> str:
+    """The strategy's public TF name (``default`` for the no-op strategy).
+
+    Instances are of private classes (``CollectiveAllReduceStrategy``,
+    ``_DefaultDistributionStrategy``), so the name comes from the public
+    class they are an instance of.
+    """
+    for cls, name in ((tf.distribute.TPUStrategy, "TPUStrategy"),
+                      (tf.distribute.MultiWorkerMirroredStrategy,
+                       "MultiWorkerMirroredStrategy"),
+                      (tf.distribute.MirroredStrategy, "MirroredStrategy")):
+        if isinstance(strategy, cls):
+            return name
+    name = type(strategy).__name__
+    return "default" if name == "_DefaultDistributionStrategy" else name
+
+
+def num_hosts(strategy: tf.distribute.Strategy) -> int:
+    """Hosts (workers, TPU hosts) the global batch is read on: one input pipeline each."""
+    if isinstance(strategy, tf.distribute.TPUStrategy):
+        return int(strategy.extended.num_hosts)
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is not None and is_multi_worker(strategy):
+        spec = resolver.cluster_spec().as_dict()
+        return len(spec.get("worker", [])) + len(spec.get("chief", []))
+    return 1
+
+
 def describe(strategy: tf.distribute.Strategy) -> str:
-    return f"{type(strategy).__name__} with {strategy.num_replicas_in_sync} replica(s)"
+    return f"{public_name(strategy)} with {strategy.num_replicas_in_sync} replica(s)"

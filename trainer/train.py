@@ -52,18 +52,20 @@ def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict
 
     strategy = strategy_lib.make_strategy(config.strategy, config.tpu, config.cpu_replicas)
     replicas = strategy.num_replicas_in_sync
-    if config.global_batch_size % replicas:
-        raise TrainerError(f"--global_batch_size={config.global_batch_size} does not "
-                           f"divide into {replicas} replicas")
+    config.check_replicas(replicas)
     steps_per_epoch = config.steps_per_epoch or (
         train_files.num_examples // config.global_batch_size)
     if steps_per_epoch < 1:
         raise TrainerError(
             f"{config.data}: the train split has {train_files.num_examples} examples, "
             f"fewer than one global batch of {config.global_batch_size}")
-    log.info("%s; %d train / %d test examples; %d steps per epoch",
+    hosts = strategy_lib.num_hosts(strategy)
+    log.info("%s; %d train / %d test examples; %d steps per epoch; global batch %d "
+             "= %d per replica, %d per host (%d host(s))",
              strategy_lib.describe(strategy), train_files.num_examples,
-             test_files.num_examples, steps_per_epoch)
+             test_files.num_examples, steps_per_epoch, config.global_batch_size,
+             config.global_batch_size // replicas, config.global_batch_size // hosts,
+             hosts)
     if config.loop == "custom" and callbacks:
         raise TrainerError("Keras callbacks need --loop=keras")
 
@@ -80,29 +82,10 @@ def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict
     test_in = data.SplitInput(test_files, config.global_batch_size, training=False, **common)
     try:
         if keras:
-            metrics = keras_loop.run(
-                strategy=strategy, model_name=config.model,
-                learning_rate=config.learning_rate, train=train_in, test=test_in,
-                model_dir=config.model_dir, epochs=config.epochs,
-                steps_per_epoch=steps_per_epoch,
-                steps_per_execution=config.steps_per_execution,
-                jit_compile=config.jit_compile, verbose=config.verbose,
-                checkpoint_every=config.checkpoint_every, callbacks=callbacks,
-                augment=config.augment, lr_schedule=config.lr_schedule,
-                warmup_steps=config.warmup_steps)
+            metrics = keras_loop.run(config, strategy, train_in, test_in, steps_per_epoch,
+                                     callbacks=callbacks)
         else:
-            metrics = custom_loop.run(
-                strategy=strategy, model_name=config.model,
-                learning_rate=config.learning_rate, train=train_in, test=test_in,
-                model_dir=config.model_dir,
-                options=custom_loop.LoopOptions(
-                    epochs=config.epochs, steps_per_epoch=steps_per_epoch,
-                    global_batch_size=config.global_batch_size,
-                    steps_per_execution=config.steps_per_execution,
-                    log_every=config.log_every, jit_compile=config.jit_compile,
-                    keep_checkpoints=config.keep_checkpoints,
-                    checkpoint_every=config.checkpoint_every, augment=config.augment,
-                    lr_schedule=config.lr_schedule, warmup_steps=config.warmup_steps))
+            metrics = custom_loop.run(config, strategy, train_in, test_in, steps_per_epoch)
     except tf.errors.DataLossError as e:
         raise _corrupt_data_error(e, (train_files, test_files)) from None
     except (tf.errors.UnavailableError, tf.errors.AbortedError,
@@ -119,7 +102,7 @@ def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict
 
     metrics = {
         "loop": config.loop,
-        "strategy": type(strategy).__name__,
+        "strategy": strategy_lib.public_name(strategy),
         "replicas": replicas,
         "global_batch_size": config.global_batch_size,
         "epochs": config.epochs,
