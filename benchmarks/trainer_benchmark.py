@@ -49,7 +49,8 @@ import tf_keras as keras  # noqa: E402
 import mnist_contract as contract  # noqa: E402
 from mnist_contract import examples  # noqa: E402
 from tests import trainer_data  # noqa: E402
-from trainer import custom_loop, data, model as model_lib  # noqa: E402
+from trainer import controller, custom_loop, data, keras_loop  # noqa: E402
+from trainer import model as model_lib  # noqa: E402
 from trainer.config import TrainConfig  # noqa: E402
 
 BARS = {"input": 0.9, "keras_linear": 1.5}
@@ -72,9 +73,9 @@ def best_of(repeats: int, a, b) -> tuple[float, float]:
 
 def input_ratio(split: data.SplitFiles, images, labels, batch: int, batches: int,
                 repeats: int, cache: bool = False) -> tuple[float, float]:
-    records = data.SplitInput(split, batch, training=True, shuffle_buffer=10_000,
-                              cache=cache)
-    ds_records = records.dataset_fn(tf.distribute.InputContext())
+    ds_records = data.train_dataset(split, batch, tf.distribute.InputContext(),
+                                    shuffle_buffer=10_000, cache=cache
+                                    ).prefetch(tf.data.AUTOTUNE)
 
     def normalize(x, y):
         return tf.cast(x, tf.float32) / 255.0, y
@@ -162,7 +163,8 @@ def keras_ratio(split: data.SplitFiles, batch: int, steps: int, repeats: int,
     callback (epoch summaries, as in `trainer.keras_loop`) is attached.
     """
     strategy = tf.distribute.get_strategy()
-    dist = data.SplitInput(split, batch, training=True, keras=True).distribute(strategy)
+    config = TrainConfig(data="-", model_dir="-", global_batch_size=batch)
+    dist, _ = data.train_input(strategy, split, config, postprocess=keras_loop.keras_batch)
 
     class EpochTimer(keras.callbacks.Callback):
         """Times the epoch alone, not fit()'s set-up."""
@@ -204,12 +206,14 @@ def keras_ratio(split: data.SplitFiles, batch: int, steps: int, repeats: int,
 def custom_ratio(split: data.SplitFiles, batch: int, steps: int,
                  repeats: int) -> tuple[float, float]:
     strategy = tf.distribute.get_strategy()
-    dist = data.SplitInput(split, batch, training=True).distribute(strategy)
+    dist, _ = data.train_input(strategy, split, TrainConfig(
+        data="-", model_dir="-", global_batch_size=batch))
 
     def loop(spe):
         config = TrainConfig(data="-", model_dir="-", epochs=1, steps_per_epoch=steps,
                              global_batch_size=batch, steps_per_execution=spe)
-        lp = custom_loop.CustomLoop(config, strategy, steps)
+        lp = custom_loop.CustomLoop(config, strategy,
+                                    *controller.build(config, strategy, steps))
         it = iter(dist)
         lp.train(it, steps)  # warm-up
         float(lp.train_loss.result())

@@ -47,7 +47,7 @@ def test_every_example_once_per_epoch_and_disjoint_pipelines(converted, digits):
     out, manifest = converted
     train = data.split_files(out, manifest, "train")
     n = train.num_examples
-    ds = data.SplitInput(train, 1, training=True).dataset_fn(tf.distribute.InputContext())
+    ds = data.train_dataset(train, 1, tf.distribute.InputContext())
     seen = [int(b["index"][0]) for b in ds.take(2 * n)]
     assert sorted(seen[:n]) == list(range(n)) and sorted(seen[n:]) == list(range(n))
     counts = data.pipeline_example_counts(train.counts, 2)
@@ -55,7 +55,7 @@ def test_every_example_once_per_epoch_and_disjoint_pipelines(converted, digits):
     for i in range(2):
         ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=i,
                                          num_replicas_in_sync=2)
-        ds = data.SplitInput(train, 2, training=True).dataset_fn(ctx)
+        ds = data.train_dataset(train, 2, ctx)
         got = [int(b["index"][0]) for b in ds.take(counts[i])]
         assert len(set(got)) == counts[i]
         union.extend(got)

@@ -53,6 +53,45 @@ def test_in_process_run_prints_final_metrics(dataset, tmp_path, loop, extra, cap
     assert metrics["test_examples"] == 21 and metrics["strategy"] == "default"
 
 
+def summary_points(logs_dir: str) -> set[tuple[str, str, int]]:
+    """(run, tag, step) of every scalar in the TensorBoard event files under logs_dir."""
+    import tensorflow as tf
+    points = set()
+    for run in sorted(os.listdir(logs_dir)):
+        for name in os.listdir(os.path.join(logs_dir, run)):
+            if not name.startswith("events.out.tfevents."):
+                continue
+            for event in tf.compat.v1.train.summary_iterator(
+                    os.path.join(logs_dir, run, name)):
+                points.update((run, v.tag, event.step) for v in event.summary.value)
+    return points
+
+
+def test_both_loops_write_the_same_summaries_and_checkpoints(dataset, tmp_path, capsys):
+    """Overlayable TensorBoard runs: same tags at the same steps; same checkpoint names."""
+    written = {}
+    for loop in ("keras", "custom"):
+        model_dir = str(tmp_path / loop)
+        assert cli.main([f"--data={dataset}", f"--model_dir={model_dir}", f"--loop={loop}",
+                         "--epochs=2", "--global_batch_size=16", "--steps_per_execution=4",
+                         "--log_every=4", "--verbose=1", "--seed=1"]) == 0
+        written[loop] = (summary_points(os.path.join(model_dir, "logs")),
+                         sorted(os.listdir(os.path.join(model_dir, "checkpoints"))),
+                         sorted(os.listdir(model_dir)))
+    out = capsys.readouterr().out
+    assert "examples:" not in out and "xent" not in out  # the Keras progress bar
+    assert written["keras"] == written["custom"]
+    points, checkpoints, top = written["keras"]
+    assert points == ({("train", tag, step) for tag in ("loss", "accuracy",
+                                                         "examples_per_second")
+                       for step in (4, 8, 12, 16)}
+                      | {("validation", tag, step) for tag in ("loss", "accuracy")
+                         for step in (8, 16)})
+    assert [c for c in checkpoints if c.endswith(".index")] == ["ckpt-16.index",
+                                                                 "ckpt-8.index"]
+    assert top == ["checkpoints", "export", "logs", "metrics.json"]  # no backup/
+
+
 def test_missing_data_dir(tmp_path, capsys):
     missing = str(tmp_path / "nope")
     assert cli.main([f"--data={missing}", f"--model_dir={tmp_path}/m"]) == 1
@@ -214,3 +253,25 @@ def test_missing_shard_from_the_shell(tmp_path):
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.splitlines() == [
         f"error: {gone}: listed in manifest.json but missing"], proc.stderr
+
+
+@pytest.mark.parametrize("loop", ["keras", "custom"])
+def test_profile_steps_write_a_tensorboard_profile(dataset, tmp_path, loop, capsys):
+    model_dir = tmp_path / "m"
+    assert cli.main([f"--data={dataset}", f"--model_dir={model_dir}", f"--loop={loop}",
+                     "--epochs=2", "--global_batch_size=16", "--steps_per_execution=2",
+                     "--verbose=0", "--profile_steps=3,6"]) == 0
+    traces = sorted(model_dir.glob("logs/plugins/profile/*/*.xplane.pb"))
+    assert len(traces) == 1 and traces[0].stat().st_size > 0, traces
+
+
+@pytest.mark.parametrize("value,message", [
+    ("5", "expected START,END (two integers), not '5'"),
+    ("a,b", "expected START,END (two integers), not 'a,b'"),
+])
+def test_bad_profile_steps_flag(value, message, capsys):
+    with pytest.raises(SystemExit):
+        cli.parse_flags(["--data=d", "--model_dir=m", f"--profile_steps={value}"])
+    assert message in capsys.readouterr().err
+    with pytest.raises(TrainerError, match="1 <= START < END, not 6,3"):
+        TrainConfig(data="d", model_dir="m", profile_steps=(6, 3))

@@ -18,7 +18,7 @@ import tensorflow as tf
 from tests import trainer_data
 import mnist_contract as contract
 from trainer import data
-from trainer.config import TrainerError
+from trainer.config import TrainConfig, TrainerError
 
 
 def ram_dir() -> str:
@@ -50,8 +50,7 @@ def split(out_dir: str, name: str = "train", **kwargs) -> data.SplitFiles:
 
 def test_one_pipeline_sees_every_example_once_per_epoch():
     files = split(ram_dir(), num_train=64, train_shards=4)
-    ds = data.SplitInput(files, 8, training=True, shuffle_buffer=64).dataset_fn(
-        context(1, 0, 1))
+    ds = data.train_dataset(files, 8, context(1, 0, 1), shuffle_buffer=64)
     bs = batches(ds, 16)  # two epochs of 8 batches
     first, second = indices(bs[:8]), indices(bs[8:])
     assert sorted(first) == list(range(64))
@@ -76,20 +75,17 @@ def test_seeded_stream_is_reproducible_and_resumes_after_consumed_steps(pipeline
     per_pipeline = replicas // pipelines
     for i in range(pipelines):
         ctx = context(pipelines, i, replicas)
-        full = indices(batches(data.SplitInput(files, 8, training=True, seed=5)
-                               .dataset_fn(ctx), 12 * per_pipeline))
-        again = indices(batches(data.SplitInput(files, 8, training=True, seed=5)
-                                .dataset_fn(ctx), 12 * per_pipeline))
+        full = indices(batches(data.train_dataset(files, 8, ctx, seed=5),
+                               12 * per_pipeline))
+        again = indices(batches(data.train_dataset(files, 8, ctx, seed=5),
+                                12 * per_pipeline))
         assert full == again  # same seed, same order (file interleave included)
-        resumed = data.SplitInput(files, 8, training=True, seed=5)
-        resumed.start_step = 7
-        tail = indices(batches(resumed.dataset_fn(ctx), 5 * per_pipeline))
+        resumed = data.train_dataset(files, 8, ctx, seed=5, start_step=7)
+        tail = indices(batches(resumed, 5 * per_pipeline))
         per_batch = 8 // replicas
         assert tail == full[7 * per_pipeline * per_batch:]
-    other = indices(batches(data.SplitInput(files, 8, training=True, seed=6)
-                            .dataset_fn(context(1, 0, 1)), 5))
-    first = indices(batches(data.SplitInput(files, 8, training=True, seed=5)
-                            .dataset_fn(context(1, 0, 1)), 5))
+    other = indices(batches(data.train_dataset(files, 8, context(1, 0, 1), seed=6), 5))
+    first = indices(batches(data.train_dataset(files, 8, context(1, 0, 1), seed=5), 5))
     assert sorted(other) == sorted(first) and other != first
 
 
@@ -104,8 +100,7 @@ def test_pipelines_are_disjoint_and_complete(num_files, pipelines, caplog):
         for i in range(pipelines):
             # global batch == replicas: one example per replica batch, so an
             # epoch of this pipeline is exactly expected[i] batches.
-            ds = data.SplitInput(files, pipelines, training=True).dataset_fn(
-                context(pipelines, i, pipelines))
+            ds = data.train_dataset(files, pipelines, context(pipelines, i, pipelines))
             got = indices(batches(ds, expected[i]))
             assert len(got) == len(set(got)) == expected[i]
             seen.extend(got)
@@ -116,7 +111,8 @@ def test_pipelines_are_disjoint_and_complete(num_files, pipelines, caplog):
 
 def test_file_sharding_gives_each_pipeline_whole_files():
     files = split(ram_dir(), num_train=40, train_shards=4)
-    ds = data.SplitInput(files, 2, training=True).dataset_fn(context(2, 1, 2))
+    ds = data.train_dataset(files, 2, context(2, 1, 2))
+    assert data.pipeline_files(files, context(2, 1, 2)) == files.files[1::2]
     got = set(indices(batches(ds, 20)))
     # write_dataset deals example i to shard i % 4; pipeline 1 owns shards 1 and 3.
     assert got == {i for i in range(40) if i % 4 in (1, 3)}
@@ -133,9 +129,7 @@ def test_eval_covers_every_example_exactly_once(num_test, shards, batch, pipelin
     per_pipeline = steps * (replicas // pipelines)
     seen = []
     for i in range(pipelines):
-        inp = data.SplitInput(files, batch, training=False)
-        ds = inp.dataset_fn(context(pipelines, i, replicas))
-        assert inp.steps == steps
+        ds = data.eval_dataset(files, batch, context(pipelines, i, replicas))
         # Two passes: the eval stream repeats, aligned on whole passes.
         bs = batches(ds, 2 * per_pipeline)
         first, second = bs[:per_pipeline], bs[per_pipeline:]
@@ -160,7 +154,7 @@ def test_formats_decode_to_the_written_pixels(image_format, compression, tmp_pat
     files = split(out, "test", num_test=10, test_shards=2, image_format=image_format,
                   compression=compression)
     assert files.compression_type == ("GZIP" if compression == "gzip" else "")
-    ds = data.SplitInput(files, 4, training=False).dataset_fn(context(1, 0, 1))
+    ds = data.eval_dataset(files, 4, context(1, 0, 1))
     images, labels = trainer_data.test_arrays(num_test=10)
     got = 0
     for b in batches(ds, data.eval_steps(files.counts, 4, 1, 1)):
@@ -173,14 +167,26 @@ def test_formats_decode_to_the_written_pixels(image_format, compression, tmp_pat
     assert got == 10
 
 
-def test_keras_form_is_tuples():
-    files = split(ram_dir(), num_train=32)
-    train = data.SplitInput(files, 8, training=True, keras=True, cache=True)
-    x, y = next(iter(train.dataset_fn(context(1, 0, 1))))
+def test_builders_return_dataset_and_steps_and_apply_the_postprocess():
+    out = ram_dir()
+    trainer_data.write_dataset(out, num_train=40, num_test=13, train_shards=2, test_shards=2)
+    manifest = data.load_manifest(out)
+    train_files = data.split_files(out, manifest, "train")
+    test_files = data.split_files(out, manifest, "test")
+    config = TrainConfig(data=out, model_dir="-", global_batch_size=8, cache=True)
+    strategy = tf.distribute.get_strategy()
+    ds, steps = data.train_input(strategy, train_files, config,
+                                 postprocess=lambda b: (b["image"], b["label"]))
+    assert steps == 5  # 40 // 8
+    x, y = next(iter(ds))
     assert x.shape == (8, 28, 28, 1) and y.shape == (8,)
-    test = data.SplitInput(files, 8, training=False, keras=True)
-    x, y, w = next(iter(test.dataset_fn(context(1, 0, 1))))
-    assert w.shape == (8,)
+    ds, steps = data.eval_input(strategy, test_files, config)
+    assert steps == 2  # 13 examples, batches of 8
+    seen = [int(i) for b in ds.take(steps) for i, w in zip(b["index"], b["weight"]) if w]
+    assert sorted(seen) == list(range(13))
+    with pytest.raises(TrainerError, match="fewer than one global batch of 64"):
+        data.steps_per_epoch(train_files, TrainConfig(data=out, model_dir="-",
+                                                      global_batch_size=64))
 
 
 # -- errors -------------------------------------------------------------------

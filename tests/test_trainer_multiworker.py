@@ -66,12 +66,13 @@ def run_workers(argv_for, timeout: int = 240) -> list[tuple[int, str, str, int]]
     return results
 
 
-# Each worker: the trainer's strategy and SplitInput, one epoch of its local
+# Each worker: the trainer's strategy and input builders, one epoch of its local
 # batches; prints the InputContext it was given and the indices it read.
 INSPECT = textwrap.dedent(r'''
     import json, logging, sys
     import trainer
     from trainer import data, strategy as strategy_lib
+    from trainer.config import TrainConfig
     import mnist_contract as contract
 
     warnings = []
@@ -86,13 +87,13 @@ INSPECT = textwrap.dedent(r'''
     for name in sys.argv[1:]:
         files = data.split_files(name, data.load_manifest(name), "train")
         contexts = []
-        def dataset_fn(ctx, inp):
+        def dataset_fn(ctx, build):
             contexts.append([ctx.num_input_pipelines, ctx.input_pipeline_id])
-            return inp.dataset_fn(ctx)
+            return build(ctx)
         # Global batch 2 on 2 replicas: one example per step per worker, so
         # one epoch of this worker's pipeline is exactly its share of steps.
-        train = data.SplitInput(files, 2, training=True)
-        dist = strategy.distribute_datasets_from_function(lambda c: dataset_fn(c, train))
+        dist = strategy.distribute_datasets_from_function(
+            lambda c: dataset_fn(c, lambda ctx: data.train_dataset(files, 2, ctx)))
         share = data.pipeline_example_counts(files.counts, 2)
         it = iter(dist)
         seen = []
@@ -100,11 +101,14 @@ INSPECT = textwrap.dedent(r'''
             for local in strategy.experimental_local_results(next(it)):
                 seen.extend(local[contract.INDEX_KEY].numpy().tolist())
         test_files = data.split_files(name, data.load_manifest(name), "test")
-        test = data.SplitInput(test_files, 4, training=False)
-        dist = strategy.distribute_datasets_from_function(lambda c: dataset_fn(c, test))
+        dist = strategy.distribute_datasets_from_function(
+            lambda c: dataset_fn(c, lambda ctx: data.eval_dataset(test_files, 4, ctx)))
+        # The eval builder's step count, as the trainer gets it.
+        _, steps = data.eval_input(strategy, test_files,
+                                   TrainConfig(data=name, model_dir="-", global_batch_size=4))
         it = iter(dist)
         seen_test = []
-        for _ in range(test.steps):
+        for _ in range(steps):
             for local in strategy.experimental_local_results(next(it)):
                 w = local[data.WEIGHT_KEY].numpy() > 0
                 seen_test.extend(local[contract.INDEX_KEY].numpy()[w].tolist())

@@ -14,7 +14,8 @@ import tf_keras as keras
 
 from tests import trainer_data
 from tests.conftest import REPO
-from trainer import custom_loop, data, model as model_lib, strategy as strategy_lib
+from trainer import controller, custom_loop, data, model as model_lib
+from trainer import strategy as strategy_lib
 from trainer.config import TrainConfig, TrainerError
 
 
@@ -23,11 +24,11 @@ def test_train_step_compiles_with_xla_on_cpu():
     out = f"ram://xla-{uuid.uuid4().hex}"
     trainer_data.write_dataset(out, num_train=64, num_test=8)
     files = data.split_files(out, data.load_manifest(out), "train")
-    ds = data.SplitInput(files, 16, training=True).dataset_fn(tf.distribute.InputContext())
+    ds = data.train_dataset(files, 16, tf.distribute.InputContext())
     strategy = tf.distribute.get_strategy()
     config = TrainConfig(data=out, model_dir="-", global_batch_size=16,
                          steps_per_execution=3, jit_compile=True)
-    loop = custom_loop.CustomLoop(config, strategy, total_steps=6)
+    loop = custom_loop.CustomLoop(config, strategy, *controller.build(config, strategy, 6))
     batch = next(iter(ds))
     hlo = loop.replica_step.experimental_get_compiler_ir(batch)(stage="hlo")
     assert hlo.startswith("HloModule")
@@ -61,13 +62,6 @@ def test_bfloat16_policy_keeps_logits_float32():
     assert model.layers[0].variable_dtype == "float32"
     assert model(tf.zeros([2, 28, 28, 1])).dtype == tf.float32
     assert keras.mixed_precision.global_policy().name == "float32"
-
-
-def test_example_count_metric_uses_weights():
-    metric = model_lib.ExampleCount()
-    metric.update_state(tf.constant([1, 2, 3]), None, sample_weight=tf.constant([1., 1., 0.]))
-    metric.update_state(tf.constant([4, 5]))
-    assert float(metric.result()) == 4.0
 
 
 def test_strategies_off_a_tpu(monkeypatch):

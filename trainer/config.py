@@ -55,6 +55,16 @@ def _field(default: Any, help: str, **meta) -> Any:
     return dataclasses.field(default=default, metadata={"help": help, **meta})
 
 
+def parse_step_range(text: str) -> tuple[int, int]:
+    """``"START,END"`` → ``(START, END)`` (global steps, 1 <= START < END)."""
+    parts = text.split(",")
+    try:
+        start, end = (int(p) for p in parts)
+    except ValueError:
+        raise ValueError(f"expected START,END (two integers), not {text!r}") from None
+    return start, end
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     data: str = _field("", "pipeline output directory (manifest.json + shards), "
@@ -101,6 +111,10 @@ class TrainConfig:
     verbose: int = _field(1, "Keras progress: 0 silent, 1 bar, 2 a line per epoch",
                           choices=(0, 1, 2))
 
+    profile_steps: Optional[tuple[int, int]] = _field(
+        None, "START,END: TensorBoard profile of these global steps "
+              "(model_dir/logs/plugins/profile)", parse=parse_step_range)
+
     def __post_init__(self):
         def check(ok: bool, what: str):
             if not ok:
@@ -126,6 +140,10 @@ class TrainConfig:
         check(self.learning_rate > 0 and self.learning_rate < float("inf"),
               f"--learning_rate must be a positive number, not {self.learning_rate}")
         check(self.tpu is None or self.tpu.strip() != "", "--tpu must not be empty")
+        if self.profile_steps is not None:
+            start, end = self.profile_steps
+            check(1 <= start < end, "--profile_steps must be START,END with "
+                                    f"1 <= START < END, not {start},{end}")
         # XLA compiles for one CPU device; logical CPU replicas' variables sit
         # on the others ("Trying to access resource ... located in device CPU:1").
         check(not (self.jit_compile and self.cpu_replicas > 1),

@@ -4,12 +4,17 @@ Everything here goes through ``tf.io.gfile`` and ``tf.data``, never ``open``
 or ``os.path``, so the same code reads a local directory, ``gs://`` on a TPU
 VM, or TF's in-memory ``ram://`` filesystem (which the tests use to prove it).
 
-Each split becomes a `SplitInput`, whose ``dataset_fn(input_context)`` is
-meant for ``strategy.distribute_datasets_from_function``: TensorFlow calls it
-once per input pipeline (one per host/worker), and each pipeline builds the
-batches of its own replicas.
+Two builders hand a loop ``(distributed dataset, steps)``: `train_input`
+(steps per epoch) and `eval_input` (steps per evaluation pass). Each gives
+``strategy.distribute_datasets_from_function`` a ``dataset_fn`` that
+TensorFlow calls once per input pipeline (one per host/worker), building the
+batches of that pipeline's replicas with `train_dataset` / `eval_dataset`
+(pure functions of the split and an ``InputContext``, tested without a
+strategy). Batches are dicts (image, label, index, weight); a loop that
+wants another form passes a ``postprocess`` function (the Keras loop:
+``(image, label)``), so this module knows nothing of Keras.
 
-Training (`SplitInput` with ``training=True``): shard *files* across
+Training (`train_dataset`): shard *files* across
 pipelines when there are at least as many files as pipelines (no pipeline
 reads bytes another one discards); otherwise read everything in a fixed
 order and keep every n-th record (a logged warning: each pipeline then reads
@@ -28,7 +33,7 @@ consumed and continues the very stream an uninterrupted run would have seen.
 The skip reads (but does not parse) the skipped records; there is no random
 access into a shuffled stream.
 
-Evaluation (``training=False``): every example exactly once. The last,
+Evaluation (`eval_dataset`): every example exactly once. The last,
 partial batch is padded to the full per-replica size and the padding gets
 ``weight`` 0, and pipelines that run out early emit all-padding batches, so
 that every replica runs the same number of steps with static shapes; the
@@ -42,14 +47,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from typing import Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 
 import mnist_contract as contract
 from mnist_contract import examples
-from trainer.config import TrainerError, summarize_error
+from trainer.config import TrainConfig, TrainerError, summarize_error
 
 log = logging.getLogger(__name__)
 
@@ -187,122 +192,157 @@ def _pad_batch(batch: dict[str, tf.Tensor], size: int) -> dict[str, tf.Tensor]:
     return out
 
 
-def _to_keras(batch: dict[str, tf.Tensor], with_weights: bool):
-    x, y = batch[contract.IMAGE_KEY], batch[contract.LABEL_KEY]
-    return (x, y, batch[WEIGHT_KEY]) if with_weights else (x, y)
+Postprocess = Optional[Callable[[dict], Any]]
 
 
-class SplitInput:
-    """Builds one split's per-pipeline datasets; ``dataset_fn`` goes to the strategy.
+def steps_per_epoch(split: SplitFiles, config: TrainConfig) -> int:
+    """``--steps_per_epoch``, or as many whole global batches as the split fills."""
+    steps = config.steps_per_epoch or split.num_examples // config.global_batch_size
+    if steps < 1:
+        raise TrainerError(
+            f"{config.data}: the {split.name} split has {split.num_examples} examples, "
+            f"fewer than one global batch of {config.global_batch_size}")
+    return steps
 
-    ``keras=True`` yields ``(image, label)`` tuples for training and
-    ``(image, label, weight)`` for evaluation, the forms ``Model.fit`` and
-    ``Model.evaluate`` take; otherwise dicts with image, label, index, weight.
-    After the strategy has called ``dataset_fn``, ``steps`` holds the number
-    of eval steps (evaluation only) for the pipeline layout it saw.
+
+def pipeline_files(split: SplitFiles, ctx: tf.distribute.InputContext) -> tuple[str, ...]:
+    """The files input pipeline ``ctx.input_pipeline_id`` reads (all, when sharding by record)."""
+    n = ctx.num_input_pipelines
+    if n > 1 and shards_files(len(split.files), n):
+        return split.files[ctx.input_pipeline_id::n]
+    return split.files
+
+
+def _records(split: SplitFiles, ctx: tf.distribute.InputContext, training: bool,
+             seed: Optional[int]) -> tf.data.Dataset:
+    """This pipeline's serialized records: its files, or every n-th record of all."""
+    num_pipelines, pipeline_id = ctx.num_input_pipelines, ctx.input_pipeline_id
+    files = pipeline_files(split, ctx)
+    by_file = shards_files(len(split.files), num_pipelines)
+    if not by_file:
+        log.warning(
+            "split %r: %d file(s) for %d input pipelines; sharding by record, "
+            "so every pipeline reads all files (write at least %d shards to "
+            "avoid this)", split.name, len(split.files), num_pipelines, num_pipelines)
+    ds = tf.data.Dataset.from_tensor_slices(list(files))
+    if training and by_file:
+        ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+    # Record-level sharding needs the same order in every pipeline; a seed
+    # asks for a reproducible order.
+    deterministic = not (training and by_file) or seed is not None
+    # Each reader thread hands over blocks of records, not single ones:
+    # passing every record between threads costs more than reading it.
+    ds = ds.interleave(
+        lambda f: tf.data.TFRecordDataset(
+            f, compression_type=split.compression_type).batch(RECORDS_PER_READ),
+        cycle_length=min(len(files), MAX_PARALLEL_FILES),
+        num_parallel_calls=AUTOTUNE, deterministic=deterministic).unbatch()
+    if not by_file and num_pipelines > 1:
+        ds = ds.shard(num_pipelines, pipeline_id)
+    return ds
+
+
+def train_dataset(split: SplitFiles, global_batch_size: int,
+                  ctx: tf.distribute.InputContext, *, cache: bool = False,
+                  shuffle_buffer: int = 10_000, seed: Optional[int] = None,
+                  start_step: int = 0) -> tf.data.Dataset:
+    """One pipeline's endless stream of shuffled, parsed per-replica batches (dicts).
+
+    ``start_step``: global steps already trained; with a seed the stream
+    continues after the batches they consumed.
     """
+    replicas = ctx.num_replicas_in_sync
+    per_replica = ctx.get_per_replica_batch_size(global_batch_size)
+    ds = _records(split, ctx, training=True, seed=seed)
+    if cache:
+        ds = ds.cache()  # serialized records: 4x smaller than float images
+    ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    ds = ds.repeat().batch(per_replica, drop_remainder=True)
+    if start_step and seed is not None:
+        # Each global step took one batch per replica of this pipeline.
+        consumed = start_step * (replicas // ctx.num_input_pipelines)
+        log.info("split %r: resuming the seeded input at step %d (skipping %d "
+                 "batches of %d)", split.name, start_step, consumed, per_replica)
+        ds = ds.skip(consumed)
+    # Deterministic, so batches keep their order and every epoch's examples
+    # come before the next epoch's (the shuffle + repeat above guarantee
+    # that); the file interleave already absorbs slow reads.
+    fmt = split.image_format
+    return ds.map(lambda s: _parse_batch(s, fmt), num_parallel_calls=AUTOTUNE,
+                  deterministic=True)
 
-    def __init__(self, split: SplitFiles, global_batch_size: int, *, training: bool,
-                 cache: bool = False, shuffle_buffer: int = 10_000,
-                 seed: Optional[int] = None, keras: bool = False):
-        self.split = split
-        self.global_batch_size = global_batch_size
-        self.training = training
-        self.cache = cache
-        self.shuffle_buffer = shuffle_buffer
-        self.seed = seed
-        self.keras = keras
-        self.steps: Optional[int] = None
-        # Global steps already trained (a resumed run): training skips the
-        # batches they consumed when the order is seeded. Set by `distribute`.
-        self.start_step = 0
 
-    def dataset_fn(self, input_context: tf.distribute.InputContext) -> tf.data.Dataset:
-        num_pipelines = input_context.num_input_pipelines
-        pipeline_id = input_context.input_pipeline_id
-        replicas = input_context.num_replicas_in_sync
-        per_replica = input_context.get_per_replica_batch_size(self.global_batch_size)
-        files = self.split.files
-        by_file = shards_files(len(files), num_pipelines)
-        if not by_file:
-            log.warning(
-                "split %r: %d file(s) for %d input pipelines; sharding by record, "
-                "so every pipeline reads all files (write at least %d shards to "
-                "avoid this)", self.split.name, len(files), num_pipelines, num_pipelines)
+def eval_dataset(split: SplitFiles, global_batch_size: int,
+                 ctx: tf.distribute.InputContext, *, cache: bool = False) -> tf.data.Dataset:
+    """One pipeline's endless eval stream, in whole passes of `eval_steps` steps.
 
-        ds = tf.data.Dataset.from_tensor_slices(list(files))
-        if by_file and num_pipelines > 1:
-            ds = ds.shard(num_pipelines, pipeline_id)
-        if self.training and by_file:
-            ds = ds.shuffle(len(files), seed=self.seed, reshuffle_each_iteration=True)
-        # Record-level sharding needs the same order in every pipeline; a
-        # seed asks for a reproducible order.
-        deterministic = not (self.training and by_file) or self.seed is not None
-        # Each reader thread hands over blocks of records, not single ones:
-        # passing every record between threads costs more than reading it.
-        ds = ds.interleave(
-            lambda f: tf.data.TFRecordDataset(
-                f, compression_type=self.split.compression_type).batch(RECORDS_PER_READ),
-            cycle_length=min(len(files), MAX_PARALLEL_FILES),
-            num_parallel_calls=AUTOTUNE, deterministic=deterministic).unbatch()
-        if not by_file and num_pipelines > 1:
-            ds = ds.shard(num_pipelines, pipeline_id)
-        if self.cache and self.training:
-            ds = ds.cache()  # serialized records: 4x smaller than float images
-        fmt = self.split.image_format
-        if self.training:
-            ds = ds.shuffle(self.shuffle_buffer, seed=self.seed,
-                            reshuffle_each_iteration=True)
-            ds = ds.repeat()
-            ds = ds.batch(per_replica, drop_remainder=True)
-            if self.start_step and self.seed is not None:
-                # Each global step took one batch per replica of this pipeline.
-                consumed = self.start_step * (replicas // num_pipelines)
-                log.info("split %r: resuming the seeded input at step %d "
-                         "(skipping %d batches of %d)", self.split.name,
-                         self.start_step, consumed, per_replica)
-                ds = ds.skip(consumed)
-            # Deterministic, so batches keep their order and every epoch's
-            # examples come before the next epoch's (the shuffle + repeat
-            # above guarantee that); the file interleave already absorbs
-            # slow reads.
-            ds = ds.map(lambda s: _parse_batch(s, fmt), num_parallel_calls=AUTOTUNE,
-                        deterministic=True)
-            if self.keras:
-                ds = ds.map(lambda b: _to_keras(b, with_weights=False))
-        else:
-            steps = eval_steps(self.split.counts, self.global_batch_size, replicas,
-                               num_pipelines)
-            self.steps = steps
-            batches = steps * (replicas // num_pipelines)
-            ds = ds.batch(per_replica, drop_remainder=False)
-            ds = ds.map(lambda s: _pad_batch(_parse_batch(s, fmt), per_replica),
-                        num_parallel_calls=AUTOTUNE, deterministic=True)
-            padding = tf.data.Dataset.from_tensors(
-                _pad_batch(_parse_batch(tf.zeros([0], tf.string), fmt), per_replica))
-            ds = ds.concatenate(padding.repeat()).take(batches)
-            if self.keras:
-                ds = ds.map(lambda b: _to_keras(b, with_weights=True))
-            if self.cache:
-                ds = ds.cache()
-            # Endless, in whole passes: each `steps` global steps are one full
-            # pass, so a loop that keeps one iterator (Keras validation does)
-            # stays aligned.
-            ds = ds.repeat()
-        return ds.prefetch(AUTOTUNE)
+    Every example once per pass; partial and missing batches are padded with
+    weight-0 rows, so every replica runs the same number of steps with
+    static shapes.
+    """
+    replicas, num_pipelines = ctx.num_replicas_in_sync, ctx.num_input_pipelines
+    per_replica = ctx.get_per_replica_batch_size(global_batch_size)
+    steps = eval_steps(split.counts, global_batch_size, replicas, num_pipelines)
+    fmt = split.image_format
+    ds = _records(split, ctx, training=False, seed=None)
+    ds = ds.batch(per_replica, drop_remainder=False)
+    ds = ds.map(lambda s: _pad_batch(_parse_batch(s, fmt), per_replica),
+                num_parallel_calls=AUTOTUNE, deterministic=True)
+    padding = tf.data.Dataset.from_tensors(
+        _pad_batch(_parse_batch(tf.zeros([0], tf.string), fmt), per_replica))
+    ds = ds.concatenate(padding.repeat()).take(steps * (replicas // num_pipelines))
+    if cache:
+        ds = ds.cache()
+    # Endless, in whole passes: each `steps` global steps are one full pass,
+    # so a loop that keeps one iterator stays aligned.
+    return ds.repeat()
 
-    def distribute(self, strategy: tf.distribute.Strategy, start_step: int = 0):
-        """``strategy.distribute_datasets_from_function(self.dataset_fn)``.
 
-        ``start_step``: global steps already trained (training input only).
-        With a seed the stream continues after the batches they consumed;
-        without one a resumed run draws a fresh shuffle.
-        """
-        self.start_step = start_step if self.training else 0
-        if self.start_step and self.seed is None:
-            log.info("split %r: resuming at step %d without --seed: a fresh shuffle",
-                     self.split.name, self.start_step)
-        return strategy.distribute_datasets_from_function(self.dataset_fn)
+def _finish(ds: tf.data.Dataset, postprocess: Postprocess) -> tf.data.Dataset:
+    if postprocess is not None:
+        ds = ds.map(postprocess)
+    return ds.prefetch(AUTOTUNE)
+
+
+def train_input(strategy: tf.distribute.Strategy, split: SplitFiles, config: TrainConfig,
+                *, start_step: int = 0, postprocess: Postprocess = None):
+    """``(distributed train dataset, steps per epoch)`` for ``strategy``.
+
+    ``postprocess`` maps each batch dict (image, label, index, weight) to
+    the form a loop wants; ``start_step`` resumes a seeded stream. Without a
+    seed a resumed run draws a fresh shuffle.
+    """
+    steps = steps_per_epoch(split, config)
+    if start_step and config.seed is None:
+        log.info("split %r: resuming at step %d without --seed: a fresh shuffle",
+                 split.name, start_step)
+
+    def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+        return _finish(train_dataset(split, config.global_batch_size, ctx,
+                                     cache=config.cache, seed=config.seed,
+                                     shuffle_buffer=config.shuffle_buffer,
+                                     start_step=start_step), postprocess)
+    return strategy.distribute_datasets_from_function(dataset_fn), steps
+
+
+def eval_input(strategy: tf.distribute.Strategy, split: SplitFiles, config: TrainConfig,
+               *, postprocess: Postprocess = None):
+    """``(distributed eval dataset, global steps per pass)`` for ``strategy``.
+
+    The step count depends on the number of input pipelines, which only the
+    strategy knows; it hands every pipeline the same count in its
+    `InputContext`, so the steps computed there are the steps.
+    """
+    steps = set()
+
+    def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+        steps.add(eval_steps(split.counts, config.global_batch_size,
+                             ctx.num_replicas_in_sync, ctx.num_input_pipelines))
+        return _finish(eval_dataset(split, config.global_batch_size, ctx,
+                                    cache=config.cache), postprocess)
+    dataset = strategy.distribute_datasets_from_function(dataset_fn)
+    (count,) = steps
+    return dataset, count
 
 
 def find_corrupt_file(split: SplitFiles) -> Optional[tuple[str, str]]:

@@ -8,9 +8,9 @@ the other workers write to a private temporary directory under
 
 Layout::
 
-    model_dir/checkpoints/   tf.train checkpoints (both loops)
-    model_dir/backup/        Keras BackupAndRestore state (deleted on success)
-    model_dir/logs/          TensorBoard event files (train/, validation/...)
+    model_dir/checkpoints/   ckpt-<step>: model, optimizer, history (both loops)
+    model_dir/logs/          TensorBoard event files (train/, validation/,
+                             plugins/profile/ with --profile_steps)
     model_dir/export/        the trained model (SavedModel)
     model_dir/metrics.json   the final metrics returned by train_and_evaluate
 """
@@ -29,7 +29,6 @@ from trainer import strategy as strategy_lib
 log = logging.getLogger(__name__)
 
 CHECKPOINTS = "checkpoints"
-BACKUP = "backup"
 LOGS = "logs"
 EXPORT = "export"
 METRICS = "metrics.json"

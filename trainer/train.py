@@ -1,9 +1,11 @@
 """The one entry point: `train_and_evaluate(config)` → final metrics.
 
-It reads the pipeline's manifest, checks the shards, picks the strategy,
-builds the per-split inputs and hands over to the Keras or the custom loop.
-Both loops return the same dict (see `train_and_evaluate`) and write the
-same layout under ``model_dir`` (see `trainer.outputs`).
+It reads the pipeline's manifest, checks the shards, picks the strategy and
+runs the shared skeleton (`trainer.controller`): model and optimizer,
+restore, evaluation input and controller, then the Keras or the custom inner
+loop, then the export. Both loops return the same dict (see
+`train_and_evaluate`) and write the same layout under ``model_dir`` (see
+`trainer.outputs`).
 
 Expected failures surface as `TrainerError` with one line naming the file or
 setting: among them a corrupt record, which TensorFlow reports as
@@ -23,8 +25,8 @@ import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 import tf_keras
 
-from trainer import custom_loop, data, keras_loop, model as model_lib, outputs
-from trainer import strategy as strategy_lib
+from trainer import controller as controller_lib, custom_loop, data, export, keras_loop
+from trainer import model as model_lib, outputs, strategy as strategy_lib
 from trainer.config import TrainConfig, TrainerError, summarize_error
 
 log = logging.getLogger(__name__)
@@ -39,10 +41,11 @@ def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict
         train_steps        optimizer steps taken in total (including before a resume)
         resumed_from_step  the step this run started from (0 for a fresh start)
         train_examples     train_steps * global_batch_size
-        test_loss          mean cross-entropy over every test example
+        test_loss          mean cross-entropy over every test example (no L2 term)
         test_accuracy      accuracy over every test example
         test_examples      test examples evaluated (== the split's size)
         history            per epoch: train_loss, train_accuracy, test_loss, test_accuracy
+                           (every epoch of the run, including those before a resume)
 
     ``callbacks`` are extra Keras callbacks (Keras loop only).
     """
@@ -53,12 +56,7 @@ def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict
     strategy = strategy_lib.make_strategy(config.strategy, config.tpu, config.cpu_replicas)
     replicas = strategy.num_replicas_in_sync
     config.check_replicas(replicas)
-    steps_per_epoch = config.steps_per_epoch or (
-        train_files.num_examples // config.global_batch_size)
-    if steps_per_epoch < 1:
-        raise TrainerError(
-            f"{config.data}: the train split has {train_files.num_examples} examples, "
-            f"fewer than one global batch of {config.global_batch_size}")
+    steps_per_epoch = data.steps_per_epoch(train_files, config)
     hosts = strategy_lib.num_hosts(strategy)
     log.info("%s; %d train / %d test examples; %d steps per epoch; global batch %d "
              "= %d per replica, %d per host (%d host(s))",
@@ -75,17 +73,8 @@ def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict
         tf_keras.utils.set_random_seed(config.seed)
     model_lib.set_precision(config.mixed_precision)
     tf.io.gfile.makedirs(config.model_dir)
-    keras = config.loop == "keras"
-    common = dict(cache=config.cache, seed=config.seed, keras=keras,
-                  shuffle_buffer=config.shuffle_buffer)
-    train_in = data.SplitInput(train_files, config.global_batch_size, training=True, **common)
-    test_in = data.SplitInput(test_files, config.global_batch_size, training=False, **common)
     try:
-        if keras:
-            metrics = keras_loop.run(config, strategy, train_in, test_in, steps_per_epoch,
-                                     callbacks=callbacks)
-        else:
-            metrics = custom_loop.run(config, strategy, train_in, test_in, steps_per_epoch)
+        metrics = _run(config, strategy, train_files, test_files, steps_per_epoch, callbacks)
     except tf.errors.DataLossError as e:
         raise _corrupt_data_error(e, (train_files, test_files)) from None
     except (tf.errors.UnavailableError, tf.errors.AbortedError,
@@ -112,6 +101,31 @@ def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict
     }
     outputs.write_metrics(config.model_dir, metrics, strategy)
     return metrics
+
+
+def _run(config: TrainConfig, strategy: tf.distribute.Strategy, train_files: data.SplitFiles,
+         test_files: data.SplitFiles, steps_per_epoch: int, callbacks: Sequence) -> dict:
+    """The skeleton: build, restore, train (inner loop), evaluate, export."""
+    model, optimizer = controller_lib.build(config, strategy,
+                                            config.epochs * steps_per_epoch)
+    test_ds, eval_steps = data.eval_input(strategy, test_files, config)
+    evaluator = controller_lib.Evaluator(strategy, model, test_ds, eval_steps)
+    controller = controller_lib.Controller(
+        config, strategy, model, optimizer, steps_per_epoch, evaluator,
+        print_steps=config.loop == "custom")  # Keras prints its own progress
+    outputs.log_write_dirs(config.model_dir, strategy)
+    try:
+        controller.restore()
+        if config.loop == "keras":
+            keras_loop.train(config, strategy, model, controller, train_files, callbacks)
+        else:
+            custom_loop.train(config, strategy, model, optimizer, controller, train_files)
+        result = controller.finish()
+    finally:
+        controller.close()
+    export.export_model(model, outputs.write_dir(config.model_dir, outputs.EXPORT, strategy))
+    outputs.discard_scratch(config.model_dir, strategy)
+    return result
 
 
 def _collective_reason(error: tf.errors.OpError) -> str:

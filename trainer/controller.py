@@ -1,0 +1,278 @@
+"""The skeleton both loops share, Orbit-style: one outer controller, two inner loops.
+
+The inner loops (`trainer.keras_loop`: ``Model.fit`` with
+``steps_per_execution``; `trainer.custom_loop`: ``strategy.run`` under a
+multi-step ``tf.function``) only run training steps. Everything around them
+is here and is the same for both:
+
+* `build`: the model and optimizer (compiled, so the export loads ready to
+  use), inside ``strategy.scope()``;
+* `Evaluator`: exact evaluation of the padded, weighted eval stream with its
+  own metrics, so ``test_loss`` means one thing in both loops: the mean
+  cross-entropy over the real test examples (no L2 term, padding excluded),
+  and ``test_examples`` is counted (the sum of weights), not computed;
+* `Controller`: restores the latest checkpoint, and decides when to log
+  (TensorBoard ``logs/train``: ``loss``, ``accuracy``, ``examples_per_second``
+  every ``log_every`` steps and at epoch ends; ``logs/validation``: ``loss``,
+  ``accuracy`` per epoch), checkpoint (``checkpoints/ckpt-<step>`` through
+  ``tf.train.CheckpointManager``, at epoch ends and every
+  ``checkpoint_every`` steps), evaluate (epoch ends) and profile
+  (``--profile_steps``). The history of every epoch travels inside the
+  checkpoint, so ``metrics.json`` after a resume holds the whole run.
+
+The inner loops call `Controller.next_stop` (custom loop: how far one call
+may run), `Controller.after_train` (after each call) and
+`Controller.end_epoch`. ``Model.fit`` decides its own call boundaries, so
+the Keras loop reaches the same decisions at the end of the call that
+crosses a boundary.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Mapping
+
+import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
+import tensorflow as tf
+import tf_keras as keras
+
+import mnist_contract as contract
+from mnist_contract import join_path
+from trainer import data, model as model_lib, outputs
+from trainer.config import TrainConfig, TrainerError, summarize_error
+
+log = logging.getLogger(__name__)
+
+STATE_NAME = "trainer_state"  # the checkpoint's JSON: model name and history
+_STATE_KEY = f"{STATE_NAME}/.ATTRIBUTES/VARIABLE_VALUE"
+HISTORY_KEYS = ("train_loss", "train_accuracy", "test_loss", "test_accuracy")
+
+
+def build(config: TrainConfig, strategy: tf.distribute.Strategy,
+          total_steps: int) -> tuple[keras.Model, keras.optimizers.Optimizer]:
+    """The model and its optimizer (built, so a restore fills every slot)."""
+    with strategy.scope():
+        model = model_lib.build_model(config.model, augment=config.augment)
+        optimizer = model_lib.make_optimizer(config.learning_rate, config.lr_schedule,
+                                             total_steps, config.warmup_steps)
+        optimizer.build(model.trainable_variables)
+        model.compile(optimizer=optimizer,
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+                      steps_per_execution=config.steps_per_execution,
+                      jit_compile=config.jit_compile)
+    return model, optimizer
+
+
+class Evaluator:
+    """Weighted accuracy, cross-entropy and example count over one eval pass."""
+
+    def __init__(self, strategy: tf.distribute.Strategy, model: keras.Model,
+                 dataset, steps: int):
+        self.strategy, self.model, self.steps = strategy, model, steps
+        with strategy.scope():
+            self.metrics = {
+                "accuracy": keras.metrics.SparseCategoricalAccuracy(),
+                "xent": keras.metrics.SparseCategoricalCrossentropy(from_logits=True),
+            }
+            self.count = keras.metrics.Sum()
+        # One iterator for the run: the stream repeats in whole passes.
+        self.iterator = iter(dataset)
+
+    def _step(self, batch):
+        logits = self.model(batch[contract.IMAGE_KEY], training=False)
+        weights = batch[data.WEIGHT_KEY]
+        for metric in self.metrics.values():
+            metric.update_state(batch[contract.LABEL_KEY], logits, sample_weight=weights)
+        self.count.update_state(weights)
+
+    @tf.function
+    def _run(self, iterator, steps):
+        for _ in tf.range(steps):
+            self.strategy.run(self._step, args=(next(iterator),))
+
+    def __call__(self) -> dict:
+        for metric in (*self.metrics.values(), self.count):
+            metric.reset_state()
+        self._run(self.iterator, tf.constant(self.steps))
+        return {"test_loss": float(self.metrics["xent"].result()),
+                "test_accuracy": float(self.metrics["accuracy"].result()),
+                "test_examples": int(round(float(self.count.result())))}
+
+
+def _crossed(before: int, after: int, every: int) -> bool:
+    return bool(every) and after // every > before // every
+
+
+class Controller:
+    """When to log, checkpoint, evaluate and profile; the run's history and results."""
+
+    def __init__(self, config: TrainConfig, strategy: tf.distribute.Strategy,
+                 model: keras.Model, optimizer, steps_per_epoch: int,
+                 evaluator: Evaluator, *, print_steps: bool):
+        self.config, self.strategy, self.evaluator = config, strategy, evaluator
+        self.steps_per_epoch = steps_per_epoch
+        self.total_steps = config.epochs * steps_per_epoch
+        self.print_steps = print_steps
+        self.optimizer = optimizer
+        self.state = tf.Variable("", dtype=tf.string, trainable=False, name=STATE_NAME)
+        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer,
+                                         **{STATE_NAME: self.state})
+        self.checkpoint = checkpoint
+        self.manager = tf.train.CheckpointManager(
+            checkpoint, outputs.write_dir(config.model_dir, outputs.CHECKPOINTS, strategy),
+            max_to_keep=config.keep_checkpoints, step_counter=optimizer.iterations)
+        logs = outputs.write_dir(config.model_dir, outputs.LOGS, strategy)
+        self.logs_dir = logs
+        self.train_writer = tf.summary.create_file_writer(join_path(logs, "train"))
+        self.eval_writer = tf.summary.create_file_writer(join_path(logs, "validation"))
+        self.history: dict[str, list[float]] = {k: [] for k in HISTORY_KEYS}
+        self.step = self.start_step = 0
+        self.result: dict = {}
+        self._logged_step, self._logged_time = 0, time.perf_counter()
+        self._profiling = False
+
+    # -- start ---------------------------------------------------------------
+    def restore(self) -> int:
+        """Restores the latest checkpoint, if any; returns the step to start from."""
+        latest = self.manager.latest_checkpoint
+        if latest:
+            saved = _saved_state(latest)
+            if saved.get("model", self.config.model) != self.config.model:
+                raise TrainerError(
+                    f"{self.manager.directory}: holds checkpoints of --model="
+                    f"{saved['model']}, not --model={self.config.model}; resume with "
+                    f"--model={saved['model']} or use another --model_dir")
+            try:
+                self.checkpoint.restore(latest).assert_existing_objects_matched()
+            except (AssertionError, ValueError, tf.errors.OpError) as e:
+                raise TrainerError(f"{latest}: cannot resume from this checkpoint "
+                                   f"({summarize_error(e)}); use another --model_dir"
+                                   ) from None
+            self.history = {k: list(saved.get("history", {}).get(k, []))
+                            for k in HISTORY_KEYS}
+            log.info("restored %s", latest)
+        self.step = self.start_step = int(self.optimizer.iterations.numpy())
+        if self.start_step:
+            print(f"resuming at step {self.start_step}/{self.total_steps}", flush=True)
+        self._logged_step, self._logged_time = self.step, time.perf_counter()
+        self._profile(self.step)  # --profile_steps=1,N: from the first step
+        return self.start_step
+
+    # -- decisions -------------------------------------------------------------
+    def next_stop(self, step: int) -> int:
+        """The furthest step one call may run to: the next log, checkpoint,
+        profiler or epoch boundary."""
+        c = self.config
+        stop = min(self.total_steps, (step // self.steps_per_epoch + 1) * self.steps_per_epoch,
+                   (step // c.log_every + 1) * c.log_every)
+        if c.checkpoint_every:
+            stop = min(stop, (step // c.checkpoint_every + 1) * c.checkpoint_every)
+        for boundary in self._profile_boundaries():
+            if boundary > step:
+                stop = min(stop, boundary)
+        return stop
+
+    def after_train(self, step: int, logs: Mapping) -> None:
+        """After a call that trained up to ``step``; ``logs``: running epoch loss/accuracy."""
+        before, self.step = self.step, step
+        epoch_end = step % self.steps_per_epoch == 0
+        if _crossed(before, step, self.config.log_every) or epoch_end:
+            self._log_train(step, logs)
+        if _crossed(before, step, self.config.checkpoint_every) and not epoch_end:
+            self._save()
+        self._profile(step)
+
+    def end_epoch(self, step: int, logs: Mapping) -> None:
+        """Evaluates, records the epoch, checkpoints."""
+        self.step = step
+        result = self.evaluate()
+        epoch = -(-step // self.steps_per_epoch)
+        print(f"epoch {epoch}/{self.config.epochs} test_loss {result['test_loss']:.4f} "
+              f"test_accuracy {result['test_accuracy']:.4f} "
+              f"({result['test_examples']} examples)", flush=True)
+        with self.eval_writer.as_default(step=step):
+            tf.summary.scalar("loss", result["test_loss"])
+            tf.summary.scalar("accuracy", result["test_accuracy"])
+        self.history["train_loss"].append(float(logs["loss"]))
+        self.history["train_accuracy"].append(float(logs["accuracy"]))
+        self.history["test_loss"].append(result["test_loss"])
+        self.history["test_accuracy"].append(result["test_accuracy"])
+        self._save()
+
+    def evaluate(self) -> dict:
+        self.result = self.evaluator()
+        return self.result
+
+    def close(self) -> None:
+        """Stops a running profile (also after a failure: one profiler per process)."""
+        if self._profiling:
+            tf.profiler.experimental.stop()
+            self._profiling = False
+
+    def finish(self) -> dict:
+        """Stops a running profile, flushes, and returns the results."""
+        self.close()
+        if self.step == self.start_step or not self.result:
+            self.evaluate()  # nothing left to train: still report the test metrics
+        self.train_writer.flush()
+        self.eval_writer.flush()
+        return {"train_steps": int(self.optimizer.iterations.numpy()),
+                "resumed_from_step": self.start_step, **self.result,
+                "history": self.history}
+
+    # -- actions ---------------------------------------------------------------
+    def _log_train(self, step: int, logs: Mapping) -> None:
+        loss, accuracy = float(logs["loss"]), float(logs["accuracy"])  # waits for the steps
+        now = time.perf_counter()
+        rate = ((step - self._logged_step) * self.config.global_batch_size
+                / max(now - self._logged_time, 1e-9))
+        self._logged_step, self._logged_time = step, now
+        if self.print_steps:
+            epoch = -(-step // self.steps_per_epoch)
+            print(f"step {step}/{self.total_steps} epoch {epoch}/{self.config.epochs} "
+                  f"loss {loss:.4f} accuracy {accuracy:.4f} {rate:.0f} examples/s",
+                  flush=True)
+        with self.train_writer.as_default(step=step):
+            tf.summary.scalar("loss", loss)
+            tf.summary.scalar("accuracy", accuracy)
+            tf.summary.scalar("examples_per_second", rate)
+
+    def _save(self) -> None:
+        self.state.assign(json.dumps({"model": self.config.model,
+                                      "history": self.history}))
+        self.manager.save(checkpoint_number=self.step)
+
+    def _profile_boundaries(self) -> tuple[int, ...]:
+        if self.config.profile_steps is None:
+            return ()
+        start, end = self.config.profile_steps
+        return (start - 1, end)
+
+    def _profile(self, step: int) -> None:
+        """Traces global steps START..END of ``--profile_steps`` (as whole calls)."""
+        if self.config.profile_steps is None:
+            return
+        start, end = self.config.profile_steps
+        if not self._profiling and start - 1 <= step < end:
+            tf.profiler.experimental.start(self.logs_dir)
+            self._profiling = True
+        elif self._profiling and step >= end:
+            tf.profiler.experimental.stop()
+            self._profiling = False
+            log.info("profile of steps %d-%d in %s/plugins/profile", start, end,
+                     self.logs_dir)
+
+
+def _saved_state(checkpoint_path: str) -> dict:
+    """The JSON state saved with a checkpoint ({} for one without it)."""
+    try:
+        raw = tf.train.load_checkpoint(checkpoint_path).get_tensor(_STATE_KEY)
+    except (KeyError, ValueError, tf.errors.OpError):
+        return {}
+    try:
+        return json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else raw) or {}
+    except (ValueError, UnicodeDecodeError):
+        return {}
