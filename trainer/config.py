@@ -114,6 +114,9 @@ class TrainConfig:
     profile_steps: Optional[tuple[int, int]] = _field(
         None, "START,END: TensorBoard profile of these global steps "
               "(model_dir/logs/plugins/profile)", parse=parse_step_range)
+    verify_checksums: bool = _field(False, "check each shard's sha256 against "
+                                           "manifest.json before training (each "
+                                           "input pipeline its own files)")
 
     def __post_init__(self):
         def check(ok: bool, what: str):

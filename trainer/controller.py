@@ -40,7 +40,7 @@ import tf_keras as keras
 
 import mnist_contract as contract
 from mnist_contract import join_path
-from trainer import data, model as model_lib, outputs
+from trainer import checks, data, model as model_lib, outputs
 from trainer.config import TrainConfig, TrainerError, summarize_error
 
 log = logging.getLogger(__name__)
@@ -70,8 +70,10 @@ class Evaluator:
     """Weighted accuracy, cross-entropy and example count over one eval pass."""
 
     def __init__(self, strategy: tf.distribute.Strategy, model: keras.Model,
-                 dataset, steps: int):
+                 dataset, steps: int, *, expected_examples: int, origin: str):
         self.strategy, self.model, self.steps = strategy, model, steps
+        # Every pass must count exactly the examples `origin` (the manifest) lists.
+        self.expected_examples, self.origin = expected_examples, origin
         with strategy.scope():
             self.metrics = {
                 "accuracy": keras.metrics.SparseCategoricalAccuracy(),
@@ -97,9 +99,11 @@ class Evaluator:
         for metric in (*self.metrics.values(), self.count):
             metric.reset_state()
         self._run(self.iterator, tf.constant(self.steps))
+        counted = int(round(float(self.count.result())))
+        checks.check_eval_count(counted, self.expected_examples, self.origin)
         return {"test_loss": float(self.metrics["xent"].result()),
                 "test_accuracy": float(self.metrics["accuracy"].result()),
-                "test_examples": int(round(float(self.count.result())))}
+                "test_examples": counted}
 
 
 def _crossed(before: int, after: int, every: int) -> bool:

@@ -54,6 +54,7 @@ import tensorflow as tf
 
 import mnist_contract as contract
 from mnist_contract import examples
+from trainer import checks
 from trainer.config import TrainConfig, TrainerError, summarize_error
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,8 @@ class SplitFiles:
     counts: tuple[int, ...]
     image_format: str
     compression_type: str  # for TFRecordDataset: "" or "GZIP"
+    sizes: tuple[int, ...] = ()  # the manifest's num_bytes per file
+    sha256s: tuple[str, ...] = ()  # the manifest's sha256 per file
 
     @property
     def num_examples(self) -> int:
@@ -113,24 +116,22 @@ class SplitFiles:
 
 
 def split_files(data_dir: str, manifest: contract.Manifest, split: str) -> SplitFiles:
-    """The files of ``split`` as listed in the manifest, each checked to exist."""
+    """The files of ``split`` as listed in the manifest, each checked to exist
+    with the manifest's size (`trainer.checks.check_sizes`)."""
     try:
         info = manifest.split(split)
     except contract.ContractError as e:
         raise TrainerError(f"{contract.join_path(data_dir, contract.MANIFEST_FILE)}: {e}") from None
     if not info.shards or info.num_examples == 0:
         raise TrainerError(f"{data_dir}: split {split!r} has no examples")
-    present = set(tf.io.gfile.listdir(data_dir))
-    paths = []
-    for shard in info.shards:
-        path = contract.join_path(data_dir, shard.file)
-        if shard.file not in present and not tf.io.gfile.exists(path):
-            raise TrainerError(f"{path}: listed in {contract.MANIFEST_FILE} but missing")
-        paths.append(path)
-    return SplitFiles(name=split, files=tuple(paths),
+    paths = tuple(contract.join_path(data_dir, shard.file) for shard in info.shards)
+    sizes = tuple(shard.num_bytes for shard in info.shards)
+    checks.check_sizes(paths, sizes)
+    return SplitFiles(name=split, files=paths,
                       counts=tuple(s.num_examples for s in info.shards),
                       image_format=manifest.image_format,
-                      compression_type=manifest.tf_compression_type)
+                      compression_type=manifest.tf_compression_type, sizes=sizes,
+                      sha256s=tuple(shard.sha256 for shard in info.shards))
 
 
 def shards_files(num_files: int, num_pipelines: int) -> bool:
@@ -298,6 +299,17 @@ def eval_dataset(split: SplitFiles, global_batch_size: int,
     return ds.repeat()
 
 
+_verified: set[tuple[str, str]] = set()  # (path, sha256) checked in this process
+
+
+def verify_pipeline_files(split: SplitFiles, ctx: tf.distribute.InputContext) -> None:
+    """``--verify_checksums``: the sha256 of each file this input pipeline reads."""
+    for path, sha in zip(split.files, split.sha256s):
+        if path in pipeline_files(split, ctx) and (path, sha) not in _verified:
+            checks.verify_checksums([path], [sha])
+            _verified.add((path, sha))
+
+
 def _finish(ds: tf.data.Dataset, postprocess: Postprocess) -> tf.data.Dataset:
     if postprocess is not None:
         ds = ds.map(postprocess)
@@ -318,6 +330,8 @@ def train_input(strategy: tf.distribute.Strategy, split: SplitFiles, config: Tra
                  split.name, start_step)
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+        if config.verify_checksums:
+            verify_pipeline_files(split, ctx)
         return _finish(train_dataset(split, config.global_batch_size, ctx,
                                      cache=config.cache, seed=config.seed,
                                      shuffle_buffer=config.shuffle_buffer,
@@ -336,6 +350,8 @@ def eval_input(strategy: tf.distribute.Strategy, split: SplitFiles, config: Trai
     steps = set()
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
+        if config.verify_checksums:
+            verify_pipeline_files(split, ctx)
         steps.add(eval_steps(split.counts, config.global_batch_size,
                              ctx.num_replicas_in_sync, ctx.num_input_pipelines))
         return _finish(eval_dataset(split, config.global_batch_size, ctx,

@@ -25,7 +25,10 @@ import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 import tf_keras
 
-from trainer import controller as controller_lib, custom_loop, data, export, keras_loop
+import mnist_contract as contract
+from mnist_contract import join_path
+from trainer import checks, controller as controller_lib, custom_loop, data, export
+from trainer import keras_loop
 from trainer import model as model_lib, outputs, strategy as strategy_lib
 from trainer.config import TrainConfig, TrainerError, summarize_error
 
@@ -49,9 +52,14 @@ def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict
 
     ``callbacks`` are extra Keras callbacks (Keras loop only).
     """
+    checks.check_model_dir(config.model_dir)
     manifest = data.load_manifest(config.data)
+    manifest_path = join_path(config.data, contract.MANIFEST_FILE)
     train_files = data.split_files(config.data, manifest, "train")
     test_files = data.split_files(config.data, manifest, "test")
+    for split in (train_files, test_files):
+        checks.check_image_format(split.files[0], split.image_format,
+                                  split.compression_type, manifest_path)
 
     strategy = strategy_lib.make_strategy(config.strategy, config.tpu, config.cpu_replicas)
     replicas = strategy.num_replicas_in_sync
@@ -72,7 +80,7 @@ def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict
         # seeded in `trainer.data`.
         tf_keras.utils.set_random_seed(config.seed)
     model_lib.set_precision(config.mixed_precision)
-    tf.io.gfile.makedirs(config.model_dir)
+    checks.check_model_dir(config.model_dir, create=True)
     try:
         metrics = _run(config, strategy, train_files, test_files, steps_per_epoch, callbacks)
     except tf.errors.DataLossError as e:
@@ -109,7 +117,9 @@ def _run(config: TrainConfig, strategy: tf.distribute.Strategy, train_files: dat
     model, optimizer = controller_lib.build(config, strategy,
                                             config.epochs * steps_per_epoch)
     test_ds, eval_steps = data.eval_input(strategy, test_files, config)
-    evaluator = controller_lib.Evaluator(strategy, model, test_ds, eval_steps)
+    evaluator = controller_lib.Evaluator(
+        strategy, model, test_ds, eval_steps, expected_examples=test_files.num_examples,
+        origin=join_path(config.data, contract.MANIFEST_FILE))
     controller = controller_lib.Controller(
         config, strategy, model, optimizer, steps_per_epoch, evaluator,
         print_steps=config.loop == "custom")  # Keras prints its own progress
