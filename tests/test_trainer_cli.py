@@ -280,3 +280,15 @@ def test_bad_profile_steps_flag(value, message, capsys):
     assert message in capsys.readouterr().err
     with pytest.raises(TrainerError, match="1 <= START < END, not 6,3"):
         TrainConfig(data="d", model_dir="m", profile_steps=(6, 3))
+
+
+def test_cpu_replicas_from_the_shell(dataset, tmp_path):
+    """The quiet TensorFlow start-up must leave the CPU split to --cpu_replicas."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    proc = subprocess.run([sys.executable, "-m", "trainer", f"--data={dataset}",
+                           f"--model_dir={tmp_path}/m", "--cpu_replicas=2", "--epochs=1",
+                           "--global_batch_size=16", "--verbose=0"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "(keras loop, MirroredStrategy, 2 replica(s))" in proc.stdout
+    assert [l for l in proc.stderr.splitlines() if not l.startswith("INFO trainer")] == []

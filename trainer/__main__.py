@@ -29,11 +29,13 @@ import trainer  # noqa: E402,F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 from trainer.config import TrainerError, parse_flags  # noqa: E402
 
 
-def _quiet_tensorflow_start() -> None:
-    """Imports TensorFlow and lists its devices with stderr (fd 2) muted.
+def _quiet_tensorflow_start(cpu_replicas: int) -> None:
+    """Imports TensorFlow and finds its devices with stderr (fd 2) muted.
 
-    Python exceptions are unaffected (they print after fd 2 is restored).
-    Skipped when the user set ``TF_CPP_MIN_LOG_LEVEL``, asking for the logs.
+    Finding the devices fixes TensorFlow's logical device list, so a CPU
+    split (``--cpu_replicas``) is made here, first. Python exceptions are
+    unaffected (they print after fd 2 is restored). Skipped when the user
+    set ``TF_CPP_MIN_LOG_LEVEL``, asking for the logs.
     """
     if _USER_LOG_LEVEL is not None or "tensorflow" in sys.modules:
         return
@@ -42,7 +44,11 @@ def _quiet_tensorflow_start() -> None:
     os.dup2(devnull, 2)
     try:
         import tensorflow as tf
-        tf.config.list_physical_devices()
+        if cpu_replicas:
+            from trainer import strategy as strategy_lib
+            strategy_lib.split_cpu(cpu_replicas)
+        else:
+            tf.config.list_physical_devices()
     finally:
         os.dup2(saved, 2)
         os.close(saved)
@@ -55,7 +61,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.getLogger("trainer").setLevel(logging.INFO)
     try:
         config = parse_flags(argv)
-        _quiet_tensorflow_start()
+        _quiet_tensorflow_start(config.cpu_replicas)
         from trainer.train import train_and_evaluate  # imports TensorFlow
         metrics = train_and_evaluate(config)
     except TrainerError as e:
