@@ -44,13 +44,21 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
-def run_workers(argv_for, timeout: int = 240) -> list[tuple[int, str, str, int]]:
-    """Starts two workers (TF_CONFIG on localhost); ``(rc, out, err, pid)`` each."""
+def run_workers(argv_for, timeout: int = 240,
+                log_level: bool = True) -> list[tuple[int, str, str, int]]:
+    """Starts two workers (TF_CONFIG on localhost); ``(rc, out, err, pid)`` each.
+
+    ``log_level=False``: without TF_CPP_MIN_LOG_LEVEL, as a user starts them
+    (``python -m trainer`` then mutes TensorFlow's start-up itself).
+    """
     cluster = {"worker": [f"localhost:{p}" for p in free_ports(2)]}
     procs = []
     for index in range(2):
-        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_CONFIG=json.dumps(
-            {"cluster": cluster, "task": {"type": "worker", "index": index}}))
+        env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+        if log_level:
+            env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+        env["TF_CONFIG"] = json.dumps(
+            {"cluster": cluster, "task": {"type": "worker", "index": index}})
         procs.append(subprocess.Popen(
             [sys.executable, *argv_for(index)], cwd=REPO, env=env,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
@@ -169,7 +177,7 @@ def test_two_workers(dataset, tmp_path, loop):
         "-m", "trainer", f"--data={dataset}", f"--model_dir={model_dir}",
         "--strategy=multi_worker", f"--loop={loop}", "--epochs=2",
         "--global_batch_size=16", "--steps_per_execution=4", "--verbose=2",
-        "--log_every=8"])
+        "--log_every=8"], log_level=False)
     for rc, out, err, _ in results:
         assert rc == 0, out[-2000:] + err[-4000:]
         assert "test_examples=37" in out

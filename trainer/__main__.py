@@ -26,28 +26,33 @@ import sys  # noqa: E402
 from typing import Optional, Sequence  # noqa: E402
 
 import trainer  # noqa: E402,F401  (sets TF_USE_LEGACY_KERAS before TF loads)
-from trainer.config import TrainerError, parse_flags  # noqa: E402
+from trainer.config import TrainConfig, TrainerError, parse_flags  # noqa: E402
 
 
-def _quiet_tensorflow_start(cpu_replicas: int) -> None:
-    """Imports TensorFlow and finds its devices with stderr (fd 2) muted.
+def _quiet_tensorflow_start(config: TrainConfig) -> None:
+    """Imports TensorFlow (and, for a local run, finds its devices) with fd 2 muted.
 
-    Finding the devices fixes TensorFlow's logical device list, so a CPU
-    split (``--cpu_replicas``) is made here, first. Python exceptions are
-    unaffected (they print after fd 2 is restored). Skipped when the user
-    set ``TF_CPP_MIN_LOG_LEVEL``, asking for the logs.
+    Finding the devices starts TensorFlow's runtime, after which a CPU split
+    (``--cpu_replicas``, made here first), a multi-worker strategy or a TPU
+    connection can no longer be set up; so runs that may need one of those
+    only import TensorFlow here. Python exceptions are unaffected (they print
+    after fd 2 is restored). Skipped when the user set ``TF_CPP_MIN_LOG_LEVEL``,
+    asking for the logs.
     """
     if _USER_LOG_LEVEL is not None or "tensorflow" in sys.modules:
         return
+    local = config.strategy in ("mirrored", "default") or (
+        config.strategy == "auto" and not config.tpu and not os.environ.get("TPU_NAME")
+        and not os.environ.get("TF_CONFIG"))
     sys.stderr.flush()
     saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 2)
     try:
         import tensorflow as tf
-        if cpu_replicas:
-            from trainer import strategy as strategy_lib
-            strategy_lib.split_cpu(cpu_replicas)
-        else:
+        from trainer import strategy as strategy_lib
+        if config.cpu_replicas:
+            strategy_lib.split_cpu(config.cpu_replicas)
+        elif local and not strategy_lib.tpu_hinted(None):
             tf.config.list_physical_devices()
     finally:
         os.dup2(saved, 2)
@@ -61,7 +66,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.getLogger("trainer").setLevel(logging.INFO)
     try:
         config = parse_flags(argv)
-        _quiet_tensorflow_start(config.cpu_replicas)
+        _quiet_tensorflow_start(config)
         from trainer.train import train_and_evaluate  # imports TensorFlow
         metrics = train_and_evaluate(config)
     except TrainerError as e:

@@ -76,7 +76,7 @@ def tpu_strategy(tpu: Optional[str]) -> tf.distribute.TPUStrategy:
     return strategy
 
 
-def _tpu_hinted(tpu: Optional[str]) -> bool:
+def tpu_hinted(tpu: Optional[str]) -> bool:
     return bool(tpu or os.environ.get("TPU_NAME")
                 or any(os.path.exists(p) for p in _TPU_DEVICE_HINTS))
 
@@ -115,7 +115,7 @@ def make_strategy(kind: str = "auto", tpu: Optional[str] = None,
     if kind != "auto":
         raise TrainerError(f"unknown strategy {kind!r}")
 
-    if _tpu_hinted(tpu):
+    if tpu_hinted(tpu):
         try:
             return tpu_strategy(tpu)
         except TrainerError as e:

@@ -57,11 +57,13 @@ def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict
     manifest_path = join_path(config.data, contract.MANIFEST_FILE)
     train_files = data.split_files(config.data, manifest, "train")
     test_files = data.split_files(config.data, manifest, "test")
+
+    # Before any tf.data work: a CPU split or a multi-worker strategy must be
+    # set up before TensorFlow's runtime starts.
+    strategy = strategy_lib.make_strategy(config.strategy, config.tpu, config.cpu_replicas)
     for split in (train_files, test_files):
         checks.check_image_format(split.files[0], split.image_format,
                                   split.compression_type, manifest_path)
-
-    strategy = strategy_lib.make_strategy(config.strategy, config.tpu, config.cpu_replicas)
     replicas = strategy.num_replicas_in_sync
     config.check_replicas(replicas)
     steps_per_epoch = data.steps_per_epoch(train_files, config)
