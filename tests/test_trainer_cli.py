@@ -182,14 +182,19 @@ def test_every_field_is_a_flag_and_help_shows_its_default(capsys):
         assert f"--{f.name}" in text
     assert "(default: 128)" in text and "(default: keras)" in text
     assert "(default: train examples // global batch size)" in text
-    assert ("Presets: cpu: the defaults shown; tpu: model=guide, global_batch_size=1024, "
+    assert ("Presets: none: the defaults shown; cpu: model=convnet, augment=true, "
+            "learning_rate=0.002, lr_schedule=cosine, warmup_steps=31, epochs=20, "
+            "global_batch_size=128; tpu: model=guide, global_batch_size=1024, "
             "mixed_precision=bfloat16, steps_per_execution=50.") in text
 
 
 def test_presets_and_explicit_flags_override_them():
     base = ["--data=d", "--model_dir=m"]
     assert cli.parse_flags(base) == TrainConfig(data="d", model_dir="m")
-    assert cli.parse_flags(base + ["--preset=cpu"]) == TrainConfig(data="d", model_dir="m")
+    assert cli.parse_flags(base + ["--preset=none"]) == TrainConfig(data="d", model_dir="m")
+    cpu = cli.parse_flags(base + ["--preset=cpu", "--epochs=5"])
+    assert (cpu.model, cpu.augment, cpu.learning_rate, cpu.lr_schedule, cpu.warmup_steps,
+            cpu.epochs) == ("convnet", True, 2e-3, "cosine", 31, 5)
     tpu = cli.parse_flags(base + ["--preset=tpu"])
     assert (tpu.model, tpu.global_batch_size, tpu.mixed_precision,
             tpu.steps_per_execution) == ("guide", 1024, "bfloat16", 50)
@@ -198,7 +203,7 @@ def test_presets_and_explicit_flags_override_them():
     assert (mine.model, mine.global_batch_size, mine.mixed_precision) == (
         "guide", 2048, "none")
     assert config_lib.from_preset("tpu", data="d", model_dir="m") == tpu
-    with pytest.raises(TrainerError, match="--preset must be one of cpu, tpu"):
+    with pytest.raises(TrainerError, match="--preset must be one of none, cpu, tpu"):
         config_lib.from_preset("gpu", data="d", model_dir="m")
 
 
