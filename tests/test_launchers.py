@@ -311,8 +311,7 @@ def test_run_local_runs_pipeline_then_trainer(tmp_path, loop):
         "--runner=DirectRunner", "--overwrite"]
     assert calls[1].split() == [
         "-m", "trainer", f"--data={data}", f"--model_dir={model}",
-        "--model=convnet", "--augment", "--learning_rate=2e-3", "--lr_schedule=cosine",
-        "--warmup_steps=31", f"--loop={loop}", "--epochs=20", "--epochs=1"]
+        "--preset=cpu", f"--loop={loop}", "--epochs=20", "--epochs=1"]
     assert not model.exists()  # a fresh run unless RESUME=1
 
 
