@@ -121,3 +121,16 @@ def gcs_emulator():
         os.environ.pop("STORAGE_EMULATOR_HOST", None)
     else:
         os.environ["STORAGE_EMULATOR_HOST"] = previous
+
+
+def run_results_script(script: str, tmp, timeout: int) -> tuple[dict, str]:
+    """Runs ``script`` in a fresh interpreter (its own TensorFlow device setup).
+
+    The script prints one ``RESULTS <json>`` line; returns that dict and stdout.
+    """
+    import json
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp)], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULTS ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return json.loads(lines[-1][len("RESULTS "):]), proc.stdout

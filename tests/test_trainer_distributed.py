@@ -14,14 +14,11 @@ arrays; both loops resume at the saved step; outputs land in model_dir.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import run_results_script
 
 pytestmark = pytest.mark.slow
 
@@ -113,12 +110,8 @@ SCRIPT = textwrap.dedent(r'''
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("distributed")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp)], cwd=REPO,
-                          capture_output=True, text=True, timeout=400)
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULTS ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
-    out = json.loads(lines[-1][len("RESULTS "):])
-    out["stdout"] = proc.stdout
+    out, stdout = run_results_script(SCRIPT, tmp, timeout=400)
+    out["stdout"] = stdout
     return out
 
 

@@ -8,14 +8,11 @@ TensorFlow initializes (see tests/test_trainer_distributed.py).
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import run_results_script
 
 pytestmark = pytest.mark.slow
 
@@ -55,11 +52,7 @@ SCRIPT = textwrap.dedent(r'''
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("recipe")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp)], cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULTS ")]
-    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
-    return json.loads(lines[-1][len("RESULTS "):])
+    return run_results_script(SCRIPT, tmp, timeout=600)[0]
 
 
 @pytest.mark.parametrize("loop", ["keras", "custom"])
