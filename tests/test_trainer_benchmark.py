@@ -22,7 +22,8 @@ pytestmark = pytest.mark.slow
 def test_benchmark_prints_every_ratio_bar_and_stage():
     proc = subprocess.run(
         [sys.executable, "benchmarks/trainer_benchmark.py", "--examples=1024", "--shards=2",
-         "--batch=32", "--input_batches=20", "--steps=50", "--repeats=1"],
+         "--batch=32", "--input_batches=20", "--steps=50", "--repeats=1",
+         "--fit_repeats=1"],
         cwd=REPO, capture_output=True, text=True, timeout=600,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
     out = proc.stdout
