@@ -1,7 +1,7 @@
 """A source batch made ready to shuffle: shuffle keys, buckets and Example bytes.
 
 Work is done per batch (thousands of records) with numpy where it can be, so
-the per-record Python cost is a few byte concatenations and one md5.
+the per-record Python cost is a few byte concatenations.
 """
 
 from __future__ import annotations
@@ -15,13 +15,8 @@ import mnist_contract as contract
 
 from pipeline import records
 
-KEY_BYTES = 16
-
-
-def shuffle_keys(salt: str, split: str, indices: np.ndarray) -> np.ndarray:
-    """`records.shuffle_key` of each index, as a uint8 array [n, 16]."""
-    joined = b"".join(records.shuffle_key(salt, split, i) for i in indices.tolist())
-    return np.frombuffer(joined, np.uint8).reshape(-1, KEY_BYTES)
+KEY_BYTES = records.KEY_BYTES
+shuffle_keys = records.shuffle_keys
 
 
 def buckets_of(keys: np.ndarray, bucket_bits: int) -> np.ndarray:

@@ -70,6 +70,23 @@ def test_shuffle_key_is_stable_and_salted():
     assert buckets == set(range(16))
 
 
+def test_shuffle_keys_are_distinct_and_give_an_unrelated_order():
+    n = 100_000
+    keys = records.shuffle_keys("s", "train", np.arange(n))
+    assert keys.shape == (n, records.KEY_BYTES)
+    assert keys[123].tobytes() == records.shuffle_key("s", "train", 123)
+    first = keys[:, :8].copy().view(">u8").reshape(-1)
+    assert len(np.unique(first)) == n  # a bijection of the index: no ties
+    order = np.argsort(first)
+    # The sorted order is unrelated to the index order or to another salt's.
+    assert abs(np.corrcoef(order, np.arange(n))[0, 1]) < 0.02
+    other = np.argsort(records.shuffle_keys("t", "train", np.arange(n))[:, :8].copy()
+                       .view(">u8").reshape(-1))
+    assert abs(np.corrcoef(order, other)[0, 1]) < 0.02
+    # Neighbouring indices land far apart: each 1% of the order mixes the whole range.
+    assert np.ptp(order[:n // 100]) > 0.95 * n
+
+
 # --- Sharding --------------------------------------------------------------
 
 def test_num_shards_formula():
