@@ -21,7 +21,7 @@ import mnist_contract as contract
 INTERVAL_S = 3.0
 MB = 1_000_000
 SPILL_DIR = "spill"
-SPILL_KEY_BYTES = 16  # each spill record carries its shuffle key
+SPILL_INDEX_BYTES = 20  # a spill file's footer holds each record's key and length
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +55,7 @@ def describe(before: Snapshot, now: Snapshot, seconds: float, record_bytes: int)
     """One progress line; record counts are estimated from bytes."""
     parts = []
     if now.spill_bytes:
-        encoded = now.spill_bytes // (record_bytes + SPILL_KEY_BYTES)
+        encoded = now.spill_bytes // (record_bytes + SPILL_INDEX_BYTES)
         parts.append(f"~{encoded:,} records encoded")
     plural = "" if now.shard_files == 1 else "s"
     parts.append(f"{now.shard_files:,} shard file{plural} written so far "

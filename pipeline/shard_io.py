@@ -1,23 +1,30 @@
 """Streaming shard writes and the sorted spill files of the file-based shuffle.
 
-A spill file holds one read task's records sorted by shuffle key, each as
-``key (16 bytes) + the record exactly as the shard will hold it`` (the
-serialized Example in TFRecord framing). Because the order is by key, every
-bucket -- and so every shard's share -- is one contiguous byte range of the
-file. A shard is written by merging its ranges from all spill files, reading
-each in small chunks, so memory stays flat however large the dataset or the
-shard. The merge copies the framed bytes as they are: each record is framed
-(and its CRC computed) once, and its CRCs are checked once, when the spill
-is read back, so a damaged spill file fails the job instead of reaching a
-shard.
+A spill file holds one read task's records sorted by shuffle key, each
+exactly as the shard will hold it (the serialized Example in TFRecord
+framing), then a footer with every record's key and length. Because the
+order is by key, every bucket -- and so every shard's share -- is one
+contiguous range of the file. Beam carries only per-bucket facts
+(`SpillFile`: record counts, offsets, checksums); a merge reads the footer
+part of its own records.
+
+A shard is the merge of its ranges of all spill files (`merge_spill_ranges`):
+the order comes from the index in one numpy sort, and the bytes are read in
+blocks, so memory stays flat however large the dataset or the shard. The
+framed bytes are copied as they are (each record is framed, and its CRCs
+computed, once); the bucket checksums are checked as the bytes are read, so
+a damaged spill file fails the job instead of reaching a shard.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import hashlib
-import struct
 import zlib
-from typing import Iterator
+from typing import Iterator, Sequence
+
+import google_crc32c
 
 import numpy as np
 from apache_beam.io.filesystem import CompressionTypes
@@ -53,13 +60,13 @@ class ShardFileWriter:
             self.num_bytes += len(data)
 
     def write(self, example: bytes) -> None:
-        self.write_framed(framing.frame_record(example))
+        self.write_block(framing.frame_record(example))
 
-    def write_framed(self, framed: bytes) -> None:
-        """Writes a record already in TFRecord framing."""
+    def write_block(self, framed: bytes, count: int = 1) -> None:
+        """Writes ``count`` records already in TFRecord framing, joined."""
         self._pending.append(framed)
         self._pending_bytes += len(framed)
-        self.num_examples += 1
+        self.num_examples += count
         if self._pending_bytes >= 1 << 20:
             self._emit(b"".join(self._pending))
             self._pending, self._pending_bytes = [], 0
@@ -81,73 +88,173 @@ class ShardFileWriter:
                 "sha256": self._sha256.hexdigest()}
 
 
-def write_spill(path: str, buckets: np.ndarray, keys: np.ndarray,
-                framed: list[bytes]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Writes one key-sorted spill file of framed records; per bucket: ids, start and end offsets."""
-    order = key_order(keys).tolist()
-    key_bytes = keys.tobytes()
-    parts = []
-    for i in order:
-        parts.append(key_bytes[i * KEY_BYTES:(i + 1) * KEY_BYTES])
-        parts.append(framed[i])
-    storage.write_bytes(path, b"".join(parts))
-    lengths = np.fromiter((len(framed[i]) + KEY_BYTES for i in order), np.int64, len(order))
-    ends = np.cumsum(lengths)
-    ids, first, counts = np.unique(buckets[order], return_index=True, return_counts=True)
-    starts = ends[first] - lengths[first]
-    return ids, starts, ends[first + counts - 1]
+@dataclasses.dataclass(frozen=True, eq=False)
+class SpillRange:
+    """Buckets of a spill file that go to one shard: its records ``[first, last)``.
 
-
-_FIXED = KEY_BYTES + framing.HEADER_BYTES + 4  # key, length header, data CRC
-
-
-def _spill_records(f, path: str, start: int, end: int,
-                   chunk_bytes: int) -> Iterator[tuple[bytes, bytes]]:
-    crc, unpack_from, header = framing.masked_crc, struct.unpack_from, framing.header
-    remaining = end - start
-    buffer = b""
-    consumed = start  # file offset of buffer[0]
-    need = 0
-    while True:
-        offset = 0
-        while len(buffer) - offset >= _FIXED:
-            at = offset + KEY_BYTES
-            (length,) = unpack_from("<Q", buffer, at)
-            if buffer[at:at + framing.HEADER_BYTES] != header(length):
-                raise IOError(f"spill file damaged: {path}: bad length CRC at byte "
-                              f"{consumed + at}")
-            stop = offset + _FIXED + length
-            if stop > len(buffer):
-                need = stop - offset
-                break
-            data_end = stop - 4
-            if unpack_from("<I", buffer, data_end)[0] != crc(
-                    buffer[at + framing.HEADER_BYTES:data_end]):
-                raise IOError(f"spill file damaged: {path}: bad data CRC in record "
-                              f"at byte {consumed + offset}")
-            yield buffer[offset:at], buffer[at:stop]
-            offset = stop
-        buffer = buffer[offset:]
-        consumed += offset
-        if remaining == 0:
-            if buffer:
-                raise IOError(f"spill file damaged: {path}: truncated record at byte {consumed}")
-            return
-        piece = f.read(min(max(chunk_bytes, need), remaining))
-        if not piece:
-            raise IOError(f"spill file damaged: {path}: ends {remaining} bytes early, "
-                          f"at byte {end - remaining}")
-        remaining -= len(piece)
-        buffer += piece
-
-
-def iter_spill_range(path: str, start: int, end: int,
-                     chunk_bytes: int) -> Iterator[tuple[bytes, bytes]]:
-    """Yields (key, framed record) from bytes [start, end) of a spill file, chunk by chunk.
-
-    Both CRCs of every record are checked here, once.
+    Per bucket: ``ends`` (the file offset after its records), ``crcs`` (crc32c
+    of its records' bytes) and ``index_crcs`` (of its keys and lengths in
+    the footer); ``bounds`` are the buckets' first records, then ``last``.
     """
-    with FileSystems.open(path, mime_type=_MIME,
-                          compression_type=CompressionTypes.UNCOMPRESSED) as f:
-        f.seek(start)
-        yield from _spill_records(f, path, start, end, chunk_bytes)
+
+    path: str
+    start: int  # file offset of record ``first``
+    bounds: np.ndarray
+    ends: np.ndarray
+    crcs: np.ndarray
+    index_crcs: np.ndarray
+    num_records: int  # in the whole file, to find the footer's parts
+    index_offset: int
+
+    def __len__(self) -> int:
+        return int(self.bounds[-1] - self.bounds[0])
+
+    def read_index(self, f) -> tuple[np.ndarray, np.ndarray]:
+        """(keys uint8 [n, 16], end offset of each record) of this range, checked."""
+        first, last = int(self.bounds[0]), int(self.bounds[-1])
+        f.seek(self.index_offset + first * KEY_BYTES)
+        key_bytes = f.read((last - first) * KEY_BYTES)
+        f.seek(self.index_offset + self.num_records * KEY_BYTES + first * 4)
+        length_bytes = f.read((last - first) * 4)
+        if len(key_bytes) + len(length_bytes) != (last - first) * (KEY_BYTES + 4):
+            raise IOError(f"spill file damaged: {self.path}: ends early (its index is cut short)")
+        rel = (self.bounds - first).tolist()
+        for i, crc in enumerate(self.index_crcs.tolist()):
+            a, b = rel[i], rel[i + 1]
+            if google_crc32c.extend(google_crc32c.value(key_bytes[a * KEY_BYTES:b * KEY_BYTES]),
+                                    length_bytes[a * 4:b * 4]) != crc:
+                raise IOError(f"spill file damaged: {self.path}: index checksum mismatch "
+                              f"for records {first + a}-{first + b}")
+        keys = np.frombuffer(key_bytes, np.uint8).reshape(-1, KEY_BYTES)
+        ends = self.start + np.cumsum(np.frombuffer(length_bytes, "<u4").astype(np.int64))
+        return keys, ends
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class SpillFile:
+    """A written spill file, as Beam carries it: per bucket, not per record.
+
+    The file is the framed records in key order, then a footer at
+    ``index_offset``: every key (16 bytes each), then every record's length
+    (u32 LE each).
+    """
+
+    path: str
+    num_records: int
+    index_offset: int
+    bucket_ids: np.ndarray  # int64 [m], ascending
+    bucket_first: np.ndarray  # int64 [m + 1]: first record of each bucket, then n
+    bucket_ends: np.ndarray  # int64 [m]: file offset after each bucket's records
+    bucket_crcs: np.ndarray  # int64 [m]: crc32c of each bucket's records
+    bucket_index_crcs: np.ndarray  # int64 [m]: crc32c of its keys, then its lengths
+
+    def bucket_range(self, first: int, last: int) -> SpillRange:
+        """Buckets number ``first`` to ``last`` (positions in ``bucket_ids``), inclusive."""
+        start = int(self.bucket_ends[first - 1]) if first else 0
+        return SpillRange(self.path, start, self.bucket_first[first:last + 2],
+                          self.bucket_ends[first:last + 1], self.bucket_crcs[first:last + 1],
+                          self.bucket_index_crcs[first:last + 1], self.num_records,
+                          self.index_offset)
+
+
+def write_spill(path: str, buckets: np.ndarray, keys: np.ndarray,
+                framed: list[bytes]) -> SpillFile:
+    """Writes one key-sorted spill file of framed records, and its footer."""
+    order = key_order(keys)
+    key_bytes = keys[order].tobytes()
+    ordered = [framed[i] for i in order.tolist()]
+    lengths = np.fromiter(map(len, ordered), np.int64, len(ordered))
+    length_bytes = lengths.astype("<u4").tobytes()
+    data = b"".join(ordered)
+    del ordered
+    storage.write_bytes(path, data + key_bytes + length_bytes)
+    ends = np.cumsum(lengths)
+    ids, first = np.unique(buckets[order], return_index=True)
+    bounds = np.r_[first, len(order)].astype(np.int64)
+    offsets = np.r_[0, ends][bounds].tolist()
+    at = bounds.tolist()
+    crcs, index_crcs = [], []
+    for i in range(len(ids)):
+        crcs.append(google_crc32c.value(data[offsets[i]:offsets[i + 1]]))
+        index_crcs.append(google_crc32c.extend(
+            google_crc32c.value(key_bytes[at[i] * KEY_BYTES:at[i + 1] * KEY_BYTES]),
+            length_bytes[at[i] * 4:at[i + 1] * 4]))
+    return SpillFile(path, len(order), len(data), ids, bounds, np.array(offsets[1:], np.int64),
+                     np.array(crcs, np.int64), np.array(index_crcs, np.int64))
+
+
+class _RangeReader:
+    """Reads a spill range front to back, checking each bucket's crc32c."""
+
+    def __init__(self, f, spill: SpillRange):
+        self._f, self._spill = f, spill
+        self.keys, self.ends = spill.read_index(f)
+        self.start = self._at = spill.start
+        self._crc = 0
+        self._check = 0
+        f.seek(spill.start)
+
+    def read(self, end: int) -> bytes:
+        """The bytes from the current offset to ``end``."""
+        path = self._spill.path
+        data = self._f.read(end - self._at)
+        if len(data) != end - self._at:
+            raise IOError(f"spill file damaged: {path}: ends {end - self._at - len(data)} "
+                          f"bytes early, at byte {self._at + len(data)}")
+        at = self._at
+        check_ends, crcs = self._spill.ends, self._spill.crcs
+        while at < end:
+            stop = min(end, int(check_ends[self._check]))
+            self._crc = google_crc32c.extend(self._crc, data[at - self._at:stop - self._at])
+            if stop == check_ends[self._check]:
+                if self._crc != crcs[self._check]:
+                    begin = int(check_ends[self._check - 1]) if self._check else \
+                        self._spill.start
+                    raise IOError(f"spill file damaged: {path}: checksum mismatch in "
+                                  f"bytes {begin}-{stop}")
+                self._crc, self._check = 0, self._check + 1
+            at = stop
+        self._at = end
+        return data
+
+
+def merge_spill_ranges(ranges: Sequence[SpillRange], memory_bytes: int
+                       ) -> Iterator[tuple[bytes, int]]:
+    """Yields (framed records, count) blocks of the key-order merge of ``ranges``.
+
+    The merged order is one numpy sort of the ranges' keys; blocks of about
+    ``memory_bytes`` then take each range's next records with one read, so
+    memory stays flat whatever the shard size, and the per-record work is
+    one slice of the bytes read.
+    """
+    ranges = [r for r in ranges if len(r)]
+    if not ranges:
+        return
+    with contextlib.ExitStack() as stack:
+        readers = [_RangeReader(stack.enter_context(FileSystems.open(
+            r.path, mime_type=_MIME, compression_type=CompressionTypes.UNCOMPRESSED)), r)
+            for r in ranges]
+        keys = np.concatenate([r.keys for r in readers])
+        source = np.repeat(np.arange(len(ranges)), [len(r) for r in ranges])
+        ends = np.concatenate([r.ends for r in readers])
+        starts = np.concatenate([np.r_[r.start, r.ends[:-1]] for r in readers])
+        order = key_order(keys)
+        sizes = (ends - starts)[order]
+        cuts = np.searchsorted(np.cumsum(sizes), np.arange(memory_bytes, sizes.sum(),
+                                                            memory_bytes), side="right")
+        done = np.array([r.start for r in ranges], np.int64)  # offset read so far
+        for block in np.split(order, cuts):
+            if not len(block):
+                continue
+            src = source[block]
+            last = np.full(len(ranges), -1, np.int64)
+            np.maximum.at(last, src, block)
+            base = done.copy()
+            buffers = {}
+            for r in np.flatnonzero(last >= 0).tolist():
+                buffers[r] = memoryview(readers[r].read(int(ends[last[r]])))
+                done[r] = ends[last[r]]
+            lo = (starts[block] - base[src]).tolist()
+            hi = (ends[block] - base[src]).tolist()
+            yield b"".join([buffers[r][a:b] for r, a, b in zip(src.tolist(), lo, hi)]), \
+                len(block)

@@ -26,19 +26,18 @@ Element types, as the type aliases below name them:
     KeyedBatch    ((split, bucket), [(shuffle key, Example bytes), ...])
     BucketSizes   (split, (bucket ids, records, shard bytes)), int64 arrays
     Plans         {split: sharding.ShardPlan}            (one element)
-    SpillRun      (split, path, (bucket ids, records, shard bytes), starts, ends)
-                  (the spill file holds key + framed record, see `shard_io`)
+    SpillRun      (split, shard_io.SpillFile, (bucket ids, records, shard bytes))
+                  (framed records in key order, then their keys, see `shard_io`)
 
 Every ParDo has a single output: Beam's DaskRunner sends all tagged outputs of
 a multi-output ParDo into one collection.
-    ShardRange    ((split, shard), (path, start, end))
+    ShardRange    ((split, shard), shard_io.SpillRange)
     WrittenShard  {"split", "file", "num_examples", "num_bytes", "sha256"}
 """
 
 from __future__ import annotations
 
 import dataclasses
-import heapq
 import json
 import logging
 from typing import Any, Iterable, Iterator
@@ -52,17 +51,18 @@ from mnist_contract import framing
 
 from pipeline import sharding, storage
 from pipeline.batches import encode_batch, group_by_bucket
-from pipeline.shard_io import ShardFileWriter, iter_spill_range, write_spill
+from pipeline.shard_io import (ShardFileWriter, SpillFile, SpillRange, merge_spill_ranges,
+                               write_spill)
 
 COUNTER_NAMESPACE = "mnist_pipeline"
-MERGE_MEMORY_BYTES = 32 << 20
+MERGE_MEMORY_BYTES = 8 << 20  # bytes a shard merge reads at a time
 ESTIMATED_RECORD_BYTES = contract.IMAGE_BYTES + 64
 
 ReadTask = tuple[str, int, Any]
 KeyedBatch = tuple[tuple[str, int], list[tuple[bytes, bytes]]]
 BucketSizes = tuple[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
-SpillRun = tuple[str, str, tuple[np.ndarray, np.ndarray, np.ndarray], np.ndarray, np.ndarray]
-ShardRange = tuple[tuple[str, int], tuple[str, int, int]]
+SpillRun = tuple[str, SpillFile, tuple[np.ndarray, np.ndarray, np.ndarray]]
+ShardRange = tuple[tuple[str, int], SpillRange]
 WrittenShard = dict
 
 
@@ -190,16 +190,14 @@ class _SpillFn(_SourceFn):
                                       f"{split}-{task_index:06d}-{chunk:06d}")
             framed = framing.frame_records(examples)
             del examples
-            ids, starts, ends = write_spill(path, buckets, keys, framed)
-            lengths = np.fromiter(map(len, framed), np.int64, len(framed))
-            counts = np.bincount(buckets, minlength=ids[-1] + 1 if len(ids) else 0)[ids]
-            sizes = np.bincount(buckets, lengths,
-                                minlength=ids[-1] + 1 if len(ids) else 0)[ids]
-            yield split, path, (ids, counts, sizes.astype(np.int64)), starts, ends
+            spill = write_spill(path, buckets, keys, framed)
+            counts = np.diff(spill.bucket_first)
+            sizes = np.diff(np.r_[0, spill.bucket_ends])
+            yield split, spill, (spill.bucket_ids, counts, sizes)
 
 
 def spill_sizes(spill: SpillRun) -> BucketSizes:
-    split, _, sizes, _, _ = spill
+    split, _, sizes = spill
     return split, sizes
 
 
@@ -261,14 +259,17 @@ class _ShardWriterFn(beam.DoFn):
         storage.configure_gcs()
 
     def _write(self, split: str, shard: int, num_shards: int,
-               records: Iterable[bytes], framed: bool = False) -> WrittenShard:
-        """Writes records (already in key order, ``framed`` or not) under the shard's name."""
+               records: Iterable, blocks: bool = False) -> WrittenShard:
+        """Writes records in key order under the shard's name: Example bytes, or
+        (with ``blocks``) `merge_spill_ranges`'s blocks of framed records."""
         name = contract.shard_filename(split, shard, num_shards)
         writer = ShardFileWriter(contract.join_path(self._settings.temp_dir, name),
                                  self._settings.compression)
-        write = writer.write_framed if framed else writer.write
-        for record in records:
-            write(record)
+        if blocks:
+            for framed, count in records:
+                writer.write_block(framed, count)
+        else:
+            writer.write_all(records)
         info = writer.close()
         logging.debug("Wrote %s: %d examples, %d bytes", name, info["num_examples"],
                      info["num_bytes"])
@@ -311,25 +312,23 @@ class GroupAndWriteShards(beam.PTransform):
 
 
 def shard_ranges(spill: SpillRun, plans) -> Iterator[ShardRange]:
-    """One spill run -> the byte range of it that each shard takes."""
-    split, path, (ids, _, _), starts, ends = spill
+    """One spill run -> the range of it that each shard takes."""
+    split, spill_file, (ids, _, _) = spill
     if not len(ids):
         return
     lookup = plans[split].bucket_to_shard
     shards = np.fromiter((lookup[b] for b in ids.tolist()), np.int64, len(ids))
     cuts = np.flatnonzero(np.diff(shards)) + 1
-    for first, last in zip(np.r_[0, cuts], np.r_[cuts, len(ids)] - 1):
-        yield (split, int(shards[first])), (path, int(starts[first]), int(ends[last]))
+    for first, last in zip(np.r_[0, cuts].tolist(), (np.r_[cuts, len(ids)] - 1).tolist()):
+        yield (split, int(shards[first])), spill_file.bucket_range(first, last)
 
 
 class _MergeShardFn(_ShardWriterFn):
     def process(self, element, plans) -> Iterator[WrittenShard]:
         (split, shard), ranges = element
-        ranges = sorted(ranges)
-        chunk = max(16 << 10, min(1 << 20, MERGE_MEMORY_BYTES // max(len(ranges), 1)))
-        streams = [iter_spill_range(path, start, end, chunk) for path, start, end in ranges]
+        ranges = sorted(ranges, key=lambda r: (r.path, r.start))  # a fixed order of reads
         yield self._write(split, shard, plans[split].num_shards,
-                          (record for _, record in heapq.merge(*streams)), framed=True)
+                          merge_spill_ranges(ranges, MERGE_MEMORY_BYTES), blocks=True)
 
 
 class MergeSpillsIntoShards(beam.PTransform):

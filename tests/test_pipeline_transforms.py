@@ -1,6 +1,7 @@
 """The job's parts without the job: the error classifier, the shuffle choice,
 and each composite transform run on small inputs with TestPipeline."""
 
+import io
 import json
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import mnist_contract as contract
 from mnist_contract import examples, framing
 
 from pipeline import batches, records, sharding, transforms
-from pipeline.shard_io import iter_spill_range, write_spill
+from pipeline.shard_io import merge_spill_ranges, write_spill
 from pipeline.sources import SyntheticSource
 from pipeline.errors import PipelineInputError, StorageError, as_pipeline_error
 from pipeline.options import ConvertOptions
@@ -135,11 +136,23 @@ def test_spill_runs_cover_each_record_once_in_key_order(tmp_path):
     def check(spills):
         assert len(spills) == 4  # three train chunks, one test chunk
         per_split = {"train": 0, "test": 0}
-        for split, path, (ids, counts, sizes), starts, ends in spills:
-            assert sizes.sum() == (ends - starts).sum() - counts.sum() * batches.KEY_BYTES
-            keys = [k for b, s, e in zip(ids, starts, ends)
-                    for k, _ in iter_spill_range(path, int(s), int(e), 1 << 16)]
-            assert keys == sorted(keys)
+        for split, spill, (ids, counts, sizes) in spills:
+            data = Path(spill.path).read_bytes()
+            n = spill.num_records
+            assert spill.index_offset == spill.bucket_ends[-1] == sizes.sum()
+            assert len(data) == spill.index_offset + n * (batches.KEY_BYTES + 4)
+            assert list(ids) == sorted(set(ids)) and counts.sum() == n
+            ranged = spill.bucket_range(0, len(ids) - 1)
+            with open(spill.path, "rb") as f:
+                index_keys, ends = ranged.read_index(f)
+            starts = np.r_[0, ends[:-1]]
+            keys = [k.tobytes() for k in index_keys]
+            assert keys == sorted(keys) and len(set(keys)) == n
+            # Each record is framed where the index says, and its key is its index's.
+            for key, a, b in zip(keys, starts.tolist(), ends.tolist()):
+                (record,) = framing.iter_records(io.BytesIO(data[a:b]), "x")
+                index = examples.decode_example(record, "raw")["index"]
+                assert records.shuffle_key(settings.salt, split, index) == key
             per_split[split] += len(keys)
         assert per_split == {"train": 25_000, "test": 4_166}
 
@@ -181,33 +194,67 @@ def test_both_convert_transforms_write_the_same_bytes(tmp_path):
     assert outputs[0] == outputs[1] and len(outputs[0]) == 16
 
 
-def test_spill_file_round_trip_and_damage(tmp_path):
-    rng = np.random.default_rng(3)
-    indices = np.arange(500)
-    keys = batches.shuffle_keys("s", "train", indices)
-    framed = framing.frame_records([rng.bytes(int(rng.integers(1, 300))) for _ in indices])
-    buckets = batches.buckets_of(keys, 6)
-    assert buckets.tolist() == [records.bucket_of(k, 6) for k in map(bytes, keys)]
-    path = str(tmp_path / "spill")
-    ids, starts, ends = write_spill(path, buckets, keys, framed)
-    assert list(ids) == sorted(set(buckets.tolist()))
-    got = []
-    for bucket, start, end in zip(ids, starts, ends):  # each bucket is one byte range
-        part = list(iter_spill_range(path, int(start), int(end), chunk_bytes=97))
-        assert {records.bucket_of(k, 6) for k, _ in part} == {bucket}
-        got.extend(part)
-    # The framed records come back as written, to be copied into shards unchanged.
-    assert got == sorted(zip(map(bytes, keys), framed))
-    good = Path(path).read_bytes()
-    for at, problem in ((40, "bad data CRC in record at byte 0"),
-                        (16 + 3, "bad length CRC at byte 16")):
+def _spill_files(tmp_path, count, seed):
+    """``count`` spill files of random framed records; returns them and all (key, record)."""
+    rng = np.random.default_rng(seed)
+    spills, pairs = [], []
+    for n in range(count):
+        indices = np.arange(n * 1000, n * 1000 + int(rng.integers(100, 400)))
+        keys = batches.shuffle_keys("s", "train", indices)
+        framed = framing.frame_records([rng.bytes(int(rng.integers(1, 300))) for _ in indices])
+        spills.append(write_spill(str(tmp_path / f"spill-{n}"), batches.buckets_of(keys, 6),
+                                  keys, framed))
+        pairs.extend(zip(map(bytes, keys), framed))
+    return spills, pairs
+
+
+def test_spill_files_merge_into_key_order_within_the_memory_bound(tmp_path):
+    spills, pairs = _spill_files(tmp_path, 5, seed=3)
+    expected = b"".join(record for _, record in sorted(pairs))
+    for spill in spills:  # each bucket is one range of records, in key order
+        for i, bucket in enumerate(spill.bucket_ids.tolist()):
+            with open(spill.path, "rb") as f:
+                keys, _ = spill.bucket_range(i, i).read_index(f)
+            assert {records.bucket_of(k.tobytes(), 6) for k in keys} == {bucket}
+    whole = [s.bucket_range(0, len(s.bucket_ids) - 1) for s in spills]
+    for memory in (1, 500, 10_000, 1 << 30):
+        blocks = list(merge_spill_ranges(whole, memory))
+        assert b"".join(b for b, _ in blocks) == expected
+        assert sum(n for _, n in blocks) == len(pairs)
+        if memory == 10_000:  # blocks of about the bound, not the whole shard at once
+            assert len(blocks) > 5 and max(len(b) for b, _ in blocks) < 10_000 + 400
+    # A shard's share: some buckets' ranges of every spill file.
+    part = [s.bucket_range(1, 3) for s in spills]
+    chosen = set()
+    for r in part:
+        with open(r.path, "rb") as f:
+            chosen.update(k.tobytes() for k in r.read_index(f)[0])
+    assert b"".join(b for b, _ in merge_spill_ranges(part, 777)) == b"".join(
+        r for k, r in sorted(pairs) if k in chosen)
+
+
+def test_damaged_spill_file_fails_the_merge(tmp_path):
+    (spill,), _ = _spill_files(tmp_path, 1, seed=4)
+    path = Path(spill.path)
+    good = path.read_bytes()
+    whole = spill.bucket_range(0, len(spill.bucket_ids) - 1)
+    last = spill.bucket_range(len(spill.bucket_ids) - 1, len(spill.bucket_ids) - 1)
+    footer = spill.index_offset
+    # A length, its CRC, data, the last CRC of the records; a key and a length in the footer.
+    for at, problem in ((3, "checksum mismatch in bytes 0-"), (9, "checksum mismatch"),
+                        (40, "checksum mismatch"), (footer - 1, "checksum mismatch"),
+                        (footer + 5, "index checksum mismatch for records 0-"),
+                        (len(good) - 1, "index checksum mismatch")):
         data = bytearray(good)
         data[at] ^= 1
-        Path(path).write_bytes(bytes(data))
-        with pytest.raises(IOError, match=f"spill file damaged: .*spill: {problem}"):
-            list(iter_spill_range(path, 0, len(data), chunk_bytes=1 << 16))
-    Path(path).write_bytes(good[:-5])
-    with pytest.raises(IOError, match="spill file damaged: .*ends 5 bytes early"):
-        list(iter_spill_range(path, 0, len(good), chunk_bytes=1 << 16))
-    with pytest.raises(IOError, match="spill file damaged: .*truncated record"):
-        list(iter_spill_range(path, 0, len(good) - 5, chunk_bytes=1 << 16))
+        path.write_bytes(bytes(data))
+        with pytest.raises(IOError, match=rf"spill file damaged: .*spill-0: {problem}"):
+            list(merge_spill_ranges([whole], 1 << 20))
+    path.write_bytes(good[:-5])
+    with pytest.raises(IOError, match=r"spill file damaged: .*spill-0: ends early"):
+        list(merge_spill_ranges([whole], 1 << 20))
+    # A range that avoids the damage reads fine.
+    data = bytearray(good)
+    data[3] ^= 1
+    path.write_bytes(bytes(data))
+    assert sum(n for _, n in merge_spill_ranges([last], 1 << 20)) == len(last)
