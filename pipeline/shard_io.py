@@ -32,6 +32,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from mnist_contract import framing
 from pipeline import storage
+from pipeline.overlap import InOrder
 from pipeline.batches import KEY_BYTES, key_order
 
 _MIME = "application/octet-stream"
@@ -50,14 +51,18 @@ class ShardFileWriter:
         self.num_bytes = 0
         self._pending: list[bytes] = []
         self._pending_bytes = 0
+        self._io = InOrder()  # compress, write and hash beside the caller's work
 
-    def _emit(self, data: bytes) -> None:
+    def _store(self, data: bytes, last: bool = False) -> None:
         if self._gzip:
-            data = self._gzip.compress(data)
+            data = self._gzip.compress(data) + (self._gzip.flush() if last else b"")
         if data:
             self._file.write(data)
             self._sha256.update(data)
             self.num_bytes += len(data)
+
+    def _emit(self, data: bytes, last: bool = False) -> None:
+        self._io.submit(self._store, data, last)
 
     def write(self, example: bytes) -> None:
         self.write_block(framing.frame_record(example))
@@ -76,13 +81,9 @@ class ShardFileWriter:
             self.write(example)
 
     def close(self) -> dict:
-        self._emit(b"".join(self._pending))
+        self._emit(b"".join(self._pending), last=True)
         self._pending = []
-        if self._gzip:
-            tail = self._gzip.flush()
-            self._file.write(tail)
-            self._sha256.update(tail)
-            self.num_bytes += len(tail)
+        self._io.wait_all()
         self._file.close()
         return {"num_examples": self.num_examples, "num_bytes": self.num_bytes,
                 "sha256": self._sha256.hexdigest()}

@@ -50,6 +50,7 @@ import mnist_contract as contract
 from mnist_contract import framing
 
 from pipeline import sharding, storage
+from pipeline.overlap import InOrder, prefetched
 from pipeline.batches import encode_batch, group_by_bucket
 from pipeline.shard_io import (ShardFileWriter, SpillFile, SpillRange, merge_spill_ranges,
                                write_spill)
@@ -147,7 +148,7 @@ class _SourceFn(beam.DoFn):
         s = self._settings
         read = Metrics.counter(COUNTER_NAMESPACE, f"{split}_examples_read")
         bits = s.bucket_bits(split)
-        for batch in s.source.read(split, task):
+        for batch in prefetched(s.source.read(split, task)):  # decoding beside encoding
             yield encode_batch(batch, s.salt, split, s.image_format, bits)
             read.inc(len(batch.indices))
 
@@ -185,15 +186,24 @@ class EncodeByBucket(beam.PTransform):
 class _SpillFn(_SourceFn):
     def process(self, element: ReadTask) -> Iterator[SpillRun]:
         split, task_index, task = element
-        for chunk, (buckets, keys, examples) in enumerate(self._encoded_chunks(split, task)):
-            path = contract.join_path(self._settings.spill_dir(),
-                                      f"{split}-{task_index:06d}-{chunk:06d}")
-            framed = framing.frame_records(examples)
-            del examples
-            spill = write_spill(path, buckets, keys, framed)
-            counts = np.diff(spill.bucket_first)
-            sizes = np.diff(np.r_[0, spill.bucket_ends])
-            yield split, spill, (spill.bucket_ids, counts, sizes)
+        writes = InOrder()  # a chunk is written while the next one is encoded
+        try:
+            for chunk, (buckets, keys, examples) in enumerate(self._encoded_chunks(split, task)):
+                path = contract.join_path(self._settings.spill_dir(),
+                                          f"{split}-{task_index:06d}-{chunk:06d}")
+                framed = framing.frame_records(examples)
+                del examples
+                for spill in writes.submit(write_spill, path, buckets, keys, framed):
+                    yield _spill_run(split, spill)
+            for spill in writes.wait_all():
+                yield _spill_run(split, spill)
+        finally:
+            writes.close()
+
+
+def _spill_run(split: str, spill: SpillFile) -> SpillRun:
+    counts = np.diff(spill.bucket_first)
+    return split, spill, (spill.bucket_ids, counts, np.diff(np.r_[0, spill.bucket_ends]))
 
 
 def spill_sizes(spill: SpillRun) -> BucketSizes:
