@@ -14,6 +14,7 @@ import struct
 from typing import BinaryIO, Iterator, Optional, Sequence
 
 import google_crc32c
+import numpy as np
 
 # Bytes TFRecord framing adds to each record: length, its CRC, data CRC.
 RECORD_OVERHEAD = 16
@@ -43,9 +44,13 @@ def frame_record(data: bytes) -> bytes:
 
 
 def frame_records(records: Sequence[bytes]) -> list[bytes]:
-    """`frame_record` of each record (headers shared between equal lengths)."""
-    pack, crc = struct.Struct("<I").pack, masked_crc
-    return [header(len(data)) + data + pack(crc(data)) for data in records]
+    """`frame_record` of each record: the CRCs masked with numpy for the whole
+    batch, headers shared between equal lengths."""
+    crcs = np.fromiter(map(google_crc32c.value, records), np.uint32, len(records))
+    masked = (((crcs >> np.uint32(15)) | (crcs << np.uint32(17)))
+              + np.uint32(_CRC_MASK_DELTA)).astype("<u4").tobytes()
+    return [header(len(data)) + data + masked[i:i + 4]
+            for i, data in zip(range(0, 4 * len(records), 4), records)]
 
 
 def iter_records(stream: BinaryIO, origin: str, *, limit: Optional[int] = None,

@@ -110,6 +110,8 @@ def test_frame_record_matches_tf_writer_and_streams_back(tmp_path):
             writer.write(p)
     ours = b"".join(framing.frame_record(p) for p in payloads)
     assert ours == (tmp_path / "x.tfrecord").read_bytes()
+    assert b"".join(framing.frame_records(payloads)) == ours  # the batch form
+    assert framing.frame_records([]) == []
     # Chunks smaller than a record, and a byte range of a longer stream.
     for chunk in (1, 7, 1 << 20):
         assert list(framing.iter_records(io.BytesIO(ours), "x", chunk_bytes=chunk)) == payloads
