@@ -26,6 +26,7 @@ from tests.test_launchers import (PYPROJECT, SCRIPTS, WHEEL, clean_env,
 sys.path.insert(0, str(SCRIPTS))
 
 import launch_tpu_vm as lt  # noqa: E402
+import tpu_vm_commands as tc  # noqa: E402
 
 TPU_ARGS = ["--name=mnist-tpu", "--zone=us-central2-b",
             "--accelerator_type=v4-8", "--data=gs://bkt/mnist",
@@ -37,7 +38,7 @@ POD_ARGS = [a for a in TPU_ARGS if not a.startswith("--accelerator_type")] + [
 def tpu_plan(step: str, *extra: str, base=TPU_ARGS):
     args, rest = lt.parse_args([step, *base, *extra])
     cfg = lt.resolve_config(args, rest, environ={})
-    return cfg, lt.plan(step, cfg, PYPROJECT)
+    return cfg, tc.plan(step, cfg, PYPROJECT)
 
 
 def remote_script(cmd: list[str]) -> str:
@@ -80,7 +81,7 @@ def test_tpu_setup_copies_and_installs_on_every_worker(tmp_path):
     assert "--worker=all" in ssh and "--zone=us-central2-b" in ssh
     script = remote_script(ssh)
     assert "tensorflow-tpu==2.20.0" in script
-    assert lt.LIBTPU_FIND_LINKS in script
+    assert tc.LIBTPU_FIND_LINKS in script
     assert f"--no-deps --force-reinstall {WHEEL}" in script
     subprocess.run(["bash", "-n", "-c", script], check=True)
 
@@ -95,7 +96,7 @@ echo "$*" >> {shlex.quote(str(log))}
 case "$*" in *"print(tf.__version__)"*) echo 2.20.0 ;; esac
 """)
     cfg, _ = tpu_plan("setup", "--libtpu=libtpu==0.0.17")
-    script = lt.install_script(cfg, PYPROJECT)
+    script = tc.install_script(cfg, PYPROJECT)
     env = dict(os.environ, HOME=str(tmp_path),
                PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     subprocess.run(["bash", "-c", script], check=True, env=env, timeout=30)
@@ -114,7 +115,7 @@ case "$*" in *"print(tf.__version__)"*) echo 2.20.0 ;; esac
 def test_tpu_tf_runtime_image_keeps_its_tensorflow():
     cfg, (_, _, ssh) = tpu_plan(
         "setup", "--runtime_version=tpu-vm-tf-2.19.0-pjrt")
-    assert cfg.tensorflow == lt.PREINSTALLED
+    assert cfg.tensorflow == tc.PREINSTALLED
     script = remote_script(ssh)
     assert "tensorflow-tpu" not in script
     assert '"tf-keras~=${TF_VERSION%.*}.0"' in script
@@ -125,7 +126,7 @@ def test_tpu_train_single_host_starts_the_tpu_preset_on_all_workers():
     assert cmd[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh",
                        "mnist-tpu"]
     assert "--worker=all" in cmd and "--zone=us-central2-b" in cmd
-    trainer = lt.trainer_command(cfg)
+    trainer = tc.trainer_command(cfg)
     # The preset first, so the user's flags after it override its values.
     assert trainer == ["python3", "-m", "trainer", "--preset=tpu",
                        "--strategy=tpu", "--tpu=local",
@@ -140,7 +141,7 @@ def test_tpu_train_single_host_starts_the_tpu_preset_on_all_workers():
 @pytest.mark.parametrize("given", [["--preset=cpu"], ["--preset", "cpu"]])
 def test_tpu_train_a_given_preset_replaces_the_default(given):
     cfg, _ = tpu_plan("train", *given, "--epochs=1")
-    trainer = lt.trainer_command(cfg)
+    trainer = tc.trainer_command(cfg)
     assert "--preset=tpu" not in trainer
     assert trainer[-len(given) - 1:] == [*given, "--epochs=1"]
 
@@ -163,7 +164,7 @@ def test_tpu_logs_status_and_wait_need_only_name_and_zone():
     _, [status] = tpu_plan("status", base=base)
     _, [wait] = tpu_plan("wait", base=base)
     assert status == wait and "--worker=all" in status
-    assert remote_script(status) == lt.status_script()
+    assert remote_script(status) == tc.status_script()
 
 
 def test_tpu_all_order_and_delete_after():
@@ -171,7 +172,7 @@ def test_tpu_all_order_and_delete_after():
     verbs = [c[4] if c[0] == "gcloud" else "build" for c in cmds]
     assert verbs == ["create", "build", "scp", "ssh", "ssh", "ssh", "delete"]
     assert remote_script(cmds[4]).startswith("mkdir -p ~/mnist-tpu")
-    assert remote_script(cmds[5]) == lt.status_script()
+    assert remote_script(cmds[5]) == tc.status_script()
     assert cmds[-1][5:] == ["mnist-tpu", "--quiet", "--zone=us-central2-b"]
     _, cmds = tpu_plan("all")
     assert "delete" not in [c[4] for c in cmds if c[0] == "gcloud"]
@@ -207,9 +208,9 @@ def run_remote(script: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 
 
 def remote_state(env: dict[str, str]) -> tuple[str, int | None]:
-    proc = run_remote(lt.status_script(), env)
+    proc = run_remote(tc.status_script(), env)
     assert proc.returncode == 0, proc.stderr
-    [state] = lt.parse_status(proc.stdout)
+    [state] = tc.parse_status(proc.stdout)
     return state
 
 
@@ -230,7 +231,7 @@ def test_train_script_detaches_and_survives_a_hangup(tmp_path):
     # Like sshd, a session of its own; the script must return while the
     # trainer still runs (a trainer holding the pipes would block here).
     session = subprocess.Popen(
-        ["bash", "-c", lt.train_script(cfg)], env=env, text=True,
+        ["bash", "-c", tc.train_script(cfg)], env=env, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         start_new_session=True)
     out, err = session.communicate(timeout=60)
@@ -242,7 +243,7 @@ def test_train_script_detaches_and_survives_a_hangup(tmp_path):
     os.killpg(session.pid, signal.SIGHUP)
     assert remote_state(env) == ("running", None)
     # A second start on a host that is training is refused.
-    again = run_remote(lt.train_script(cfg), env)
+    again = run_remote(tc.train_script(cfg), env)
     assert again.returncode == 1
     assert f"a trainer is already running, pid {pid}" in again.stderr
     assert int((run_dir / "train.pid").read_text()) == pid
@@ -251,13 +252,13 @@ def test_train_script_detaches_and_survives_a_hangup(tmp_path):
     assert wait_remote_exit(env) == ("exited", 3)
     assert (run_dir / "train.exit").read_text() == "3\n"
     assert (tmp_path / "trainer.args").read_text().splitlines() == \
-        lt.trainer_command(cfg)[1:]
+        tc.trainer_command(cfg)[1:]
     assert (run_dir / "train.log").read_text().splitlines() == [
         "trainer says hello", "to stderr"]
 
     # Starting again keeps the previous log and clears the old status.
     (tmp_path / "release").write_text("0")
-    restart = run_remote(lt.train_script(cfg), env)
+    restart = run_remote(tc.train_script(cfg), env)
     assert restart.returncode == 0, restart.stderr
     assert (run_dir / "train.log.prev").read_text().startswith("trainer says")
     assert wait_remote_exit(env) == ("exited", 0)
@@ -278,14 +279,14 @@ def test_status_script_reports_a_trainer_that_vanished(tmp_path):
 def test_logs_script_prints_the_end_of_the_log(tmp_path):
     env = host_env(tmp_path)
     cfg, _ = tpu_plan("logs", "--lines=2")
-    proc = run_remote(lt.logs_script(cfg), env)
+    proc = run_remote(tc.logs_script(cfg), env)
     assert proc.returncode == 0
     assert proc.stdout == ""
     assert "no ~/mnist-tpu/train.log" in proc.stderr
     run_dir = Path(env["HOME"]) / "mnist-tpu"
     run_dir.mkdir()
     (run_dir / "train.log").write_text("one\ntwo\nthree\n")
-    proc = run_remote(lt.logs_script(cfg), env)
+    proc = run_remote(tc.logs_script(cfg), env)
     assert proc.stdout == "two\nthree\n"
 
 
@@ -298,7 +299,7 @@ def test_logs_follow_stops_when_the_trainer_exits(tmp_path):
     log.write_text("old\nstep 1\n")
     trainer = subprocess.Popen(["sleep", "600"])
     (run_dir / "train.pid").write_text(f"{trainer.pid}\n")
-    tail = subprocess.Popen(["bash", "-c", lt.logs_script(cfg)], env=env,
+    tail = subprocess.Popen(["bash", "-c", tc.logs_script(cfg)], env=env,
                             stdout=subprocess.PIPE, text=True)
     try:
         assert tail.stdout.readline() == "step 1\n"
@@ -315,7 +316,7 @@ def test_logs_follow_stops_when_the_trainer_exits(tmp_path):
 # ------------------------------------------------------- status and wait
 
 def status_line(state: str, host: str = "t1-w-0") -> str:
-    return f"{lt.STATUS_PREFIX} {state} on {host}"
+    return f"{tc.STATUS_PREFIX} {state} on {host}"
 
 
 @pytest.mark.parametrize("lines,expected", [
@@ -334,7 +335,7 @@ def status_line(state: str, host: str = "t1-w-0") -> str:
 ])
 def test_status_summary(lines, expected):
     output = "Using ssh batch size of 1.\n" + "\n".join(lines) + "\n"
-    assert lt.summarize_status(lt.parse_status(output)) == expected
+    assert tc.summarize_status(tc.parse_status(output)) == expected
 
 
 class FakeHost:
@@ -425,13 +426,13 @@ with open({str(log)!r}, "a") as fh:
 """
     gcloud = bin_dir / "gcloud"
     gcloud.write_text(record.replace("NAME", repr("gcloud")) + f"""
-if any({lt.STATUS_PREFIX!r} in a for a in sys.argv):
+if any({tc.STATUS_PREFIX!r} in a for a in sys.argv):
     polls = pathlib.Path({str(count)!r})
     n = int(polls.read_text()) if polls.exists() else 0
     polls.write_text(str(n + 1))
     state = ("running pid=7" if n < {running_polls}
              else "exited status={train_exit}")
-    print({lt.STATUS_PREFIX!r}, state, "on t1-w-0")
+    print({tc.STATUS_PREFIX!r}, state, "on t1-w-0")
 """)
     python = bin_dir / "build-python"
     python.write_text(record.replace("NAME", repr(str(python))) + f"""
@@ -478,7 +479,7 @@ def test_execute_repeats_only_the_status_check_while_training(tmp_path):
     assert real.returncode == 0, real.stderr
     planned = dry.stdout.splitlines()
     status = planned[-2]
-    assert lt.STATUS_PREFIX in status
+    assert tc.STATUS_PREFIX in status
     assert log.read_text().splitlines() == \
         planned[:-1] + [status, status] + planned[-1:]
 
@@ -534,7 +535,7 @@ def test_tpu_settings_from_environment():
         "TPU_NAME": "env-tpu", "TPU_ZONE": "europe-west4-a",
         "TPU_ACCELERATOR_TYPE": "v5litepod-8",
         "TPU_RUNTIME_VERSION": "tpu-vm-tf-2.19.0-pjrt"})
-    [cmd] = lt.create_commands(cfg)
+    [cmd] = tc.create_commands(cfg)
     flags = flag_values(cmd)
     assert cmd[5] == "env-tpu"
     assert flags["zone"] == "europe-west4-a"

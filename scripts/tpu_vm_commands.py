@@ -1,0 +1,280 @@
+"""What the TPU VM launcher runs: gcloud commands and the host shell scripts.
+
+``launch_tpu_vm.py`` reads the settings and runs the steps; this module turns
+a resolved ``TpuConfig`` into the argv lists of each step and the shell
+scripts those ``gcloud compute tpus tpu-vm ssh`` commands carry to the hosts
+(install, start the trainer detached, report its state, show its log), and
+reads the state lines the status script prints back. Nothing here runs a
+command, so tests check the exact text and ``--dry_run`` prints it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shlex
+import sys
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import launch_common as lc
+
+TRAINER_PRESET = "--preset=tpu"
+# On every host, relative to the login user's home.
+REMOTE_DIR = "~/mnist-tpu"
+STATUS_PREFIX = "mnist-train:"
+_STATUS_RE = re.compile(re.escape(STATUS_PREFIX) + r" (?P<state>running|"
+                        r"exited status=(?P<code>\d+)|stopped|not started)")
+DEFAULT_TENSORFLOW = "tensorflow-tpu==2.20.0"
+PREINSTALLED = "preinstalled"
+LIBTPU_FIND_LINKS = "https://storage.googleapis.com/libtpu-tf-releases/index.html"
+DEFAULT_DIST_DIR = lc.REPO_ROOT / "dist" / "tpu_vm"
+# Remote shell fragments. They use double quotes only, so that the one level
+# of single quotes shlex adds around ``--command=...`` stays readable.
+_TF_VERSION = ('TF_VERSION="$(python3 -c '
+               '"import tensorflow as tf; print(tf.__version__)")"')
+_CHECK = ('python3 -c "import tensorflow as tf, tf_keras, trainer; '
+          'print(tf.__version__, tf_keras.__version__)"')
+
+
+@dataclasses.dataclass
+class TpuConfig:
+    name: str
+    zone: str
+    project: str | None = None
+    accelerator_type: str | None = None
+    runtime_version: str | None = None
+    multi_host: bool = False
+    tensorflow: str = DEFAULT_TENSORFLOW
+    libtpu: str | None = None
+    spot: bool = False
+    data: str | None = None
+    model_dir: str | None = None
+    trainer_args: list[str] = dataclasses.field(default_factory=list)
+    delete_after: bool = False
+    poll_seconds: float = 60.0
+    wait_timeout: float = 86400.0
+    lines: int = 100
+    follow: bool = False
+    gcloud: str = "gcloud"
+    python: str = sys.executable
+    dist_dir: Path = DEFAULT_DIST_DIR
+    build_isolation: bool = True
+
+
+def _gcloud(cfg: TpuConfig, verb: str, *rest: str) -> lc.Command:
+    cmd = [cfg.gcloud, "compute", "tpus", "tpu-vm", verb, *rest,
+           f"--zone={cfg.zone}"]
+    if cfg.project:
+        cmd.append(f"--project={cfg.project}")
+    return cmd
+
+
+def wheel_name(pyproject: Mapping) -> str:
+    return lc.wheel_filename(*lc.project_name_version(pyproject))
+
+
+def create_commands(cfg: TpuConfig) -> list[lc.Command]:
+    cmd = _gcloud(cfg, "create", cfg.name)
+    cmd += [f"--accelerator-type={cfg.accelerator_type}",
+            f"--version={cfg.runtime_version}"]
+    if cfg.spot:
+        cmd.append("--spot")
+    return [cmd]
+
+
+def install_script(cfg: TpuConfig, pyproject: Mapping) -> str:
+    """The shell command every host runs to install TensorFlow + project.
+
+    tf-keras declares a dependency on the ``tensorflow`` distribution, which
+    a TPU build (``tensorflow-tpu``) does not provide; installing it with its
+    dependencies would add the CPU-only ``tensorflow`` wheel on top of the
+    same import package. Hence ``--no-deps`` for tf-keras (pinned to the
+    installed TensorFlow's minor version) and for this project's wheel.
+    """
+    steps = ["set -e", "cd ~"]
+    if cfg.tensorflow != PREINSTALLED:
+        pip = ["python3", "-m", "pip", "install", "--user", cfg.tensorflow]
+        if cfg.libtpu:
+            pip.append(cfg.libtpu)
+        steps.append(shlex.join(pip + ["-f", LIBTPU_FIND_LINKS]))
+    steps.append(_TF_VERSION)
+    steps.append('python3 -m pip install --user --no-deps '
+                 '"tf-keras~=${TF_VERSION%.*}.0"')
+    steps.append(shlex.join(["python3", "-m", "pip", "install", "--user",
+                             "--no-deps", "--force-reinstall",
+                             wheel_name(pyproject)]))
+    steps.append(_CHECK)
+    return "; ".join(steps)
+
+
+def setup_commands(cfg: TpuConfig, pyproject: Mapping) -> list[lc.Command]:
+    wheel = cfg.dist_dir / wheel_name(pyproject)
+    return [
+        lc.wheel_build_command(cfg.python, cfg.dist_dir / "src", cfg.dist_dir,
+                               cfg.build_isolation),
+        _gcloud(cfg, "scp", str(wheel), f"{cfg.name}:", "--worker=all"),
+        _gcloud(cfg, "ssh", cfg.name, "--worker=all",
+                f"--command={install_script(cfg, pyproject)}"),
+    ]
+
+
+def trainer_command(cfg: TpuConfig) -> list[str]:
+    """``python3 -m trainer`` with the TPU preset unless one is given."""
+    tpu = cfg.name if cfg.multi_host else "local"
+    own_preset = any(a == "--preset" or a.startswith("--preset=")
+                     for a in cfg.trainer_args)
+    preset = [] if own_preset else [TRAINER_PRESET]
+    return ["python3", "-m", "trainer", *preset, "--strategy=tpu",
+            f"--tpu={tpu}", f"--data={cfg.data}",
+            f"--model_dir={cfg.model_dir}", *cfg.trainer_args]
+
+
+def train_script(cfg: TpuConfig) -> str:
+    """Start the trainer in the background on a host and return.
+
+    The trainer runs in a subshell that ignores SIGHUP (what ``nohup``
+    does), reads /dev/null and writes ``train.log``, so neither the end of
+    this ssh session nor a dropped connection reaches it. The subshell's
+    pid goes to ``train.pid`` before this script returns; when the trainer
+    ends, the subshell writes its status to ``train.exit`` (renamed into
+    place, so a reader never sees it half written). A host where a trainer
+    is still running refuses to start a second one.
+    """
+    prefix = "TPU_LOAD_LIBRARY=0 " if cfg.multi_host else ""
+    return "; ".join([
+        f"mkdir -p {REMOTE_DIR}",
+        f"cd {REMOTE_DIR} || exit 1",
+        'if [ -f train.pid ] && [ ! -f train.exit ] && '
+        'kill -0 "$(cat train.pid)" 2>/dev/null; then '
+        'echo "error: $(hostname): a trainer is already running, pid '
+        '$(cat train.pid); see the logs step" >&2; exit 1; fi',
+        "rm -f train.pid train.exit train.exit.tmp",
+        "if [ -f train.log ]; then mv train.log train.log.prev; fi",
+        '( trap "" HUP; ' + prefix + shlex.join(trainer_command(cfg))
+        + '; echo $? > train.exit.tmp && mv train.exit.tmp train.exit )'
+        " < /dev/null > train.log 2>&1 & echo $! > train.pid",
+        'echo "trainer started on $(hostname), pid $(cat train.pid), log '
+        f'{REMOTE_DIR}/train.log"',
+    ])
+
+
+def status_script() -> str:
+    """One ``mnist-train: STATE on HOST`` line from a host.
+
+    ``train.exit`` is read first: the subshell is alive until just after
+    it writes that file, so there is no moment with neither.
+    """
+    line = f'echo "{STATUS_PREFIX} '
+    return "; ".join([
+        f"if ! cd {REMOTE_DIR} 2>/dev/null || [ ! -f train.pid ]; then "
+        f'{line}not started on $(hostname)"',
+        f'elif [ -f train.exit ]; then {line}exited status=$(cat train.exit)'
+        ' on $(hostname)"',
+        'elif kill -0 "$(cat train.pid)" 2>/dev/null; then '
+        f'{line}running pid=$(cat train.pid) on $(hostname)"',
+        f'else {line}stopped without an exit status (killed, or the host '
+        'restarted) on $(hostname)"; fi',
+    ])
+
+
+def logs_script(cfg: TpuConfig) -> str:
+    """The end of a host's log; following it stops when the trainer ends."""
+    tail = f"tail -n {cfg.lines}"
+    if cfg.follow:
+        show = ('if [ -f train.pid ] && [ ! -f train.exit ]; then '
+                f'{tail} -F --pid="$(cat train.pid)" train.log; '
+                f'else {tail} train.log; fi')
+    else:
+        show = f"{tail} train.log"
+    return (f"if cd {REMOTE_DIR} 2>/dev/null && [ -f train.log ]; then "
+            f"{show}; else echo \"$(hostname): no {REMOTE_DIR}/train.log\" "
+            ">&2; fi")
+
+
+def _train_worker(cfg: TpuConfig) -> str:
+    # One host: the same program on every worker (there is only worker 0).
+    # Several hosts: TensorFlow's single client on worker 0 drives the slice.
+    return "--worker=0" if cfg.multi_host else "--worker=all"
+
+
+def train_commands(cfg: TpuConfig) -> list[lc.Command]:
+    return [_gcloud(cfg, "ssh", cfg.name, _train_worker(cfg),
+                    f"--command={train_script(cfg)}")]
+
+
+def status_commands(cfg: TpuConfig) -> list[lc.Command]:
+    # Every worker: hosts that run no trainer answer "not started".
+    return [_gcloud(cfg, "ssh", cfg.name, "--worker=all",
+                    f"--command={status_script()}")]
+
+
+def logs_commands(cfg: TpuConfig) -> list[lc.Command]:
+    return [_gcloud(cfg, "ssh", cfg.name, "--worker=all",
+                    f"--command={logs_script(cfg)}")]
+
+
+def delete_commands(cfg: TpuConfig) -> list[lc.Command]:
+    return [_gcloud(cfg, "delete", cfg.name, "--quiet")]
+
+
+def phases(step: str, cfg: TpuConfig,
+           pyproject: Mapping) -> list[tuple[str, list[lc.Command]]]:
+    """The steps ``step`` runs, in order, each with its commands.
+
+    The one source of what runs: ``execute`` runs these commands and
+    ``--dry_run`` prints them.
+    """
+    builders = {
+        "create": lambda: create_commands(cfg),
+        "setup": lambda: setup_commands(cfg, pyproject),
+        "train": lambda: train_commands(cfg),
+        "wait": lambda: status_commands(cfg),
+        "status": lambda: status_commands(cfg),
+        "logs": lambda: logs_commands(cfg),
+        "delete": lambda: delete_commands(cfg),
+    }
+    names = [step]
+    if step == "all":
+        names = ["create", "setup", "train", "wait"] + (
+            ["delete"] if cfg.delete_after else [])
+    return [(name, builders[name]()) for name in names]
+
+
+def plan(step: str, cfg: TpuConfig, pyproject: Mapping) -> list[lc.Command]:
+    """Every command ``step`` runs, in order (``wait`` repeats its one)."""
+    return [cmd for _, cmds in phases(step, cfg, pyproject) for cmd in cmds]
+
+
+def parse_status(output: str) -> list[tuple[str, int | None]]:
+    """``(state, exit status)`` per host from the status script's output.
+
+    state: ``running``, ``exited``, ``stopped`` or ``not started``.
+    """
+    found = []
+    for match in _STATUS_RE.finditer(output):
+        state = match["state"]
+        if state.startswith("exited"):
+            found.append(("exited", int(match["code"])))
+        else:
+            found.append((state, None))
+    return found
+
+
+def summarize_status(states: Sequence[tuple[str, int | None]]
+                     ) -> tuple[str, int]:
+    """One state for the slice, and the exit code it maps to.
+
+    Running anywhere means running (0). Otherwise the trainer's status: the
+    first non-zero one among hosts that ran it, 1 if one stopped without a
+    status, 1 when no host started a trainer at all.
+    """
+    if any(state == "running" for state, _ in states):
+        return "running", 0
+    ran = [(s, c) for s, c in states if s != "not started"]
+    if not ran:
+        return "not started", 1
+    if any(state == "stopped" for state, _ in ran):
+        return "stopped", 1
+    codes = [c for _, c in ran if c]
+    return "exited", codes[0] if codes else 0
