@@ -20,7 +20,10 @@ shuffle_keys = records.shuffle_keys
 
 
 def buckets_of(keys: np.ndarray, bucket_bits: int) -> np.ndarray:
-    """`records.bucket_of` of each key [n, 16]: the top bits, as int64 [n]."""
+    """The top ``bucket_bits`` bits of each key [n, 16], as int64 [n].
+
+    A bucket is thus a contiguous range of the sort order.
+    """
     top = np.ascontiguousarray(keys[:, :4]).view(">u4").reshape(-1)
     return (top >> (32 - bucket_bits)).astype(np.int64)
 

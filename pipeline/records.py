@@ -1,8 +1,9 @@
-"""Pure per-record functions of the job: the shuffle key and its bucket.
+"""The shuffle keys: where each record goes in the job's global order.
 
 Encoding records and TFRecord framing belong to the data contract
 (`mnist_contract.examples`, `mnist_contract.framing`); what is here decides
-only where a record goes.
+only where a record goes (its bucket is the key's top bits,
+`pipeline.batches.buckets_of`).
 """
 
 from __future__ import annotations
@@ -42,12 +43,3 @@ def shuffle_keys(salt: str, split: str, indices: np.ndarray) -> np.ndarray:
     words = np.stack([first, second], axis=1).astype(">u8")
     return words.view(np.uint8).reshape(-1, KEY_BYTES)
 
-
-def shuffle_key(salt: str, split: str, index: int) -> bytes:
-    """`shuffle_keys` of one index, as bytes."""
-    return shuffle_keys(salt, split, np.array([index])).tobytes()
-
-
-def bucket_of(key: bytes, bucket_bits: int) -> int:
-    """The key's top ``bucket_bits`` bits: contiguous ranges of the sort order."""
-    return int.from_bytes(key[:4], "big") >> (32 - bucket_bits)

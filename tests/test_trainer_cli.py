@@ -15,7 +15,7 @@ import mnist_contract as contract
 from tests import trainer_data
 from tests.conftest import REPO
 from trainer import __main__ as cli
-from trainer import config as config_lib, outputs
+from trainer import config as config_lib
 from trainer.config import TrainConfig, TrainerError
 
 
@@ -49,7 +49,7 @@ def test_in_process_run_prints_final_metrics(dataset, tmp_path, loop, extra, cap
     assert rc == 0
     assert "test_examples=21 train_examples=128 train_steps=8" in out
     assert f"({loop} loop, default, 1 replica(s))" in out
-    metrics = outputs.read_metrics(f"{tmp_path}/m")
+    metrics = trainer_data.read_metrics(f"{tmp_path}/m")
     assert metrics["test_examples"] == 21 and metrics["strategy"] == "default"
 
 

@@ -73,7 +73,7 @@ SCRIPT = textwrap.dedent(r'''
         m = run(name, data, model_dir, **kw)
         m["direct"] = direct_metrics(model_dir)
         m["files"] = files_under(model_dir)
-        m["metrics_json"] = outputs.read_metrics(model_dir)
+        m["metrics_json"] = trainer_data.read_metrics(model_dir)
         results[name] = m
 
     scenario("keras", "ram://dist-data", "ram://dist-keras", loop="keras",

@@ -21,20 +21,20 @@ import tf_keras as keras
 import mnist_contract as contract
 from tests import trainer_data
 from tests.conftest import real_digits
-from trainer import augment, export, model as model_lib, predict
-from trainer.config import TrainerError
+from trainer import augment, controller, export, model as model_lib, predict
+from trainer.config import TrainConfig, TrainerError
 
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    """An augmented convnet, briefly trained on real digits, and its export."""
+    """An augmented convnet, built and compiled as the trainer does, briefly
+    trained on real digits, and its export."""
     images, labels = real_digits(64)
     images = images[..., None]
     keras.utils.set_random_seed(0)
-    model = model_lib.build_model("convnet", augment=True)
-    model.compile(optimizer=model_lib.make_optimizer(1e-3, "cosine", 8, 2),
-                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  weighted_metrics=model_lib.eval_metrics())  # custom metric: not exported
+    config = TrainConfig(data="unused", model_dir="unused", model="convnet", augment=True,
+                         lr_schedule="cosine", warmup_steps=2, steps_per_execution=1)
+    model, _ = controller.build(config, tf.distribute.get_strategy(), total_steps=8)
     model.fit(images.astype(np.float32) / 255.0, labels, batch_size=8, epochs=1, verbose=0)
     model_dir = tmp_path_factory.mktemp("export")
     export.export_model(model, str(model_dir / "export"))

@@ -29,7 +29,6 @@ import pytest
 import mnist_contract as contract
 from tests import trainer_data
 from tests.conftest import REPO
-from trainer import outputs
 
 pytestmark = pytest.mark.slow
 
@@ -186,7 +185,7 @@ def test_two_workers(dataset, tmp_path, loop):
         assert "split 'train'" not in err  # 4 files: sharded by file
     finals = [out.strip().splitlines()[-1] for _, out, _, _ in results]
     assert finals[0] == finals[1]  # same model, same metrics on both workers
-    metrics = outputs.read_metrics(model_dir)
+    metrics = trainer_data.read_metrics(model_dir)
     assert metrics["replicas"] == 2 and metrics["train_steps"] == 2 * 16
     assert metrics["test_examples"] == 37
     names = os.listdir(model_dir)

@@ -113,14 +113,14 @@ def test_sigkill_then_restart_resumes_and_matches_an_uninterrupted_run(dataset, 
 
     out = finish(start(dataset, model_dir, loop))  # the same command again
     assert f"resuming at step {step}/{TOTAL_STEPS}" in out
-    metrics = outputs.read_metrics(model_dir)
+    metrics = trainer_data.read_metrics(model_dir)
     assert metrics["resumed_from_step"] == step
     assert metrics["train_steps"] == TOTAL_STEPS
     assert metrics["test_examples"] == 40
     assert sorted(os.listdir(model_dir)) == ["checkpoints", "export", "logs", "metrics.json"]
 
     finish(reference)
-    expected = outputs.read_metrics(reference_dir)
+    expected = trainer_data.read_metrics(reference_dir)
     assert expected["resumed_from_step"] == 0 and expected["train_steps"] == TOTAL_STEPS
     want, got = final_variables(reference_dir), final_variables(model_dir)
     assert sorted(got) == sorted(want) and len(want) > 10

@@ -17,7 +17,7 @@ import tensorflow as tf
 import mnist_contract as contract
 from tests import trainer_data
 from trainer import __main__ as cli
-from trainer import checks, data, outputs
+from trainer import checks, data
 
 TRAIN = ["--epochs=1", "--global_batch_size=8", "--steps_per_execution=2", "--verbose=0"]
 
@@ -179,9 +179,9 @@ def test_png_records_under_a_raw_manifest(tmp_path, capsys):
 def test_metrics_history_covers_the_whole_run_after_a_resume(out, tmp_path, loop):
     model_dir = str(tmp_path / "m")
     assert run(out, model_dir, f"--loop={loop}", "--seed=2") == 0
-    first = outputs.read_metrics(model_dir)["history"]
+    first = trainer_data.read_metrics(model_dir)["history"]
     assert run(out, model_dir, f"--loop={loop}", "--seed=2", "--epochs=3") == 0
-    metrics = outputs.read_metrics(model_dir)
+    metrics = trainer_data.read_metrics(model_dir)
     assert metrics["resumed_from_step"] == 2 and metrics["train_steps"] == 6
     for key, values in metrics["history"].items():
         assert len(values) == 3 and values[0] == first[key][0], key

@@ -3,12 +3,14 @@
 The images are learnable: each class has a fixed random 28x28 prototype and
 an example is its class prototype plus noise, so a small CNN reaches high
 accuracy within a few dozen steps, while an untrained one sits near 10%.
-Files go through tf.io.gfile, so ``out_dir`` may be ``ram://...``.
+Files go through tf.io.gfile, so ``out_dir`` may be ``ram://...``. Also
+reads back the ``metrics.json`` a run leaves in its model_dir.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Optional
 
 import numpy as np
@@ -90,3 +92,9 @@ def corrupt(path: str, offset: Optional[int] = None) -> None:
 def test_arrays(num_test: int = 37, seed: int = 0):
     """The test split `write_dataset` writes for ``seed`` (for exact checks)."""
     return make_arrays(num_test, seed + 1)
+
+
+def read_metrics(model_dir: str) -> dict:
+    """The ``model_dir/metrics.json`` a finished run wrote (see trainer/outputs.py)."""
+    with tf.io.gfile.GFile(contract.join_path(model_dir, "metrics.json"), "r") as f:
+        return json.loads(f.read())

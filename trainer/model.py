@@ -121,27 +121,3 @@ def learning_rate_schedule(learning_rate: float, schedule: str, total_steps: int
         warmup_target=learning_rate if warmup_steps else None,
         warmup_steps=warmup_steps)
 
-
-class ExampleCount(keras.metrics.Sum):
-    """Counts examples by their sample weight (eval padding has weight 0)."""
-
-    def __init__(self, name: str = "examples", **kwargs):
-        super().__init__(name=name, **kwargs)
-
-    def update_state(self, y_true, y_pred=None, sample_weight=None):
-        ones = keras.backend.cast(keras.backend.ones_like(y_true), self.dtype)
-        return super().update_state(ones, sample_weight=sample_weight)
-
-
-def eval_metrics() -> list[keras.metrics.Metric]:
-    """Weighted metrics shared by both loops: exact over the real examples.
-
-    ``xent`` is the mean cross-entropy over weighted examples, which is what
-    both loops report as ``test_loss`` (Keras' own ``loss`` divides by the
-    padded batch size and adds the L2 term, so it is not used for that).
-    """
-    return [
-        keras.metrics.SparseCategoricalAccuracy(name="accuracy"),
-        keras.metrics.SparseCategoricalCrossentropy(from_logits=True, name="xent"),
-        ExampleCount(name="examples"),
-    ]

@@ -65,7 +65,3 @@ def write_metrics(model_dir: str, metrics: dict, strategy: tf.distribute.Strateg
         with tf.io.gfile.GFile(join_path(model_dir, METRICS), "w") as f:
             f.write(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
 
-
-def read_metrics(model_dir: str) -> dict:
-    with tf.io.gfile.GFile(join_path(model_dir, METRICS), "r") as f:
-        return json.loads(f.read())
