@@ -23,11 +23,15 @@ from pipeline.verify import verify
 from tests.conftest import EMULATOR_BUCKET, REPO, GcsEmulator, free_port
 
 SYNTHETIC = 60_000  # about 6 s of work on the local runner: time to interrupt it
+# On gs:// (the emulator) the job runs slower: half as many records leave it
+# still writing for seconds after its first spill file appears.
+GCS_SYNTHETIC = 30_000
+RETRY_DEADLINE_S = "1"
 
 
-def start_job(output, *flags, env=None):
+def start_job(output, *flags, env=None, count=SYNTHETIC):
     return subprocess.Popen(
-        [sys.executable, "-m", "pipeline", f"--source=synthetic:{SYNTHETIC}",
+        [sys.executable, "-m", "pipeline", f"--source=synthetic:{count}",
          f"--output={output}", "--min_shards=4", "--runner=DirectRunner", *flags],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, **(env or {})})
@@ -96,13 +100,13 @@ def test_sigkill_mid_write_gcs(gcs_emulator):
     names = lambda: [b.name[len(prefix) + 1:]  # noqa: E731
                      for b in client.list_blobs(EMULATOR_BUCKET, prefix=prefix + "/")]
 
-    process = start_job(output)
+    process = start_job(output, count=GCS_SYNTHETIC)
     wait_for(lambda: any("/spill/" in n for n in names()), process)
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert final_files(names()) == [], "a killed run published files"
 
-    rerun = start_job(output)
+    rerun = start_job(output, count=GCS_SYNTHETIC)
     _, stderr = rerun.communicate(timeout=300)
     assert rerun.returncode == 0, stderr[-2000:]
     assert not any(n.startswith(".incomplete-") for n in names())
@@ -114,36 +118,38 @@ def test_storage_dies_mid_job_then_rerun_completes(tmp_path):
     """The GCS server stops partway: a clear failure, nothing published, rerun whole.
 
     Beam's GCS client would retry for 120 s before giving up; the job's
-    retry deadline setting cuts that to a few seconds.
+    retry deadline setting cuts that to a second per failing call.
     """
     emulator = GcsEmulator(free_port(), data_dir=str(tmp_path / "gcs"))
     emulator.start()
-    env = {"STORAGE_EMULATOR_HOST": emulator.host, storage.RETRY_DEADLINE_ENV: "3"}
+    env = {"STORAGE_EMULATOR_HOST": emulator.host,
+           storage.RETRY_DEADLINE_ENV: RETRY_DEADLINE_S}
     prefix = "outage"
     output = f"gs://{EMULATOR_BUCKET}/{prefix}"
     try:
         client = emulator.client()
         names = lambda: [b.name[len(prefix) + 1:]  # noqa: E731
                          for b in client.list_blobs(EMULATOR_BUCKET, prefix=prefix + "/")]
-        process = start_job(output, env=env)
+        process = start_job(output, env=env, count=GCS_SYNTHETIC)
         wait_for(lambda: any("/spill/" in n for n in names()), process)
         emulator.stop()
         _, stderr = process.communicate(timeout=400)
         assert process.returncode == 2, stderr[-2000:]
         last = stderr.strip().splitlines()[-1]
         assert last.startswith(f"error: {output}: storage failed during the run"), last
-        assert "Timeout of 3.0s exceeded" in last, "the retry deadline setting was ignored"
+        assert f"Timeout of {float(RETRY_DEADLINE_S)}s exceeded" in last, \
+            "the retry deadline setting was ignored"
 
         emulator.start()
         assert final_files(names()) == [], "a failed run published files"
-        rerun = start_job(output, env=env)
+        rerun = start_job(output, env=env, count=GCS_SYNTHETIC)
         _, stderr = rerun.communicate(timeout=300)
         assert rerun.returncode == 0, stderr[-2000:]
         verified = subprocess.run(
             [sys.executable, "-m", "pipeline.verify", output], cwd=REPO,
             capture_output=True, text=True, env={**os.environ, **env}, timeout=300)
         assert verified.returncode == 0, verified.stderr[-2000:]
-        assert f"train: {SYNTHETIC} examples" in verified.stdout
+        assert f"train: {GCS_SYNTHETIC} examples" in verified.stdout
         assert contract.MANIFEST_FILE in names()
     finally:
         emulator.stop()
