@@ -237,8 +237,11 @@ def test_config_checks_once_on_creation(kwargs, message):
 # Real processes: the TPU probe changes process-wide TF state, and these show
 # what a user sees (no traceback, one error line, exit status 1).
 
-@pytest.mark.parametrize("tpu,reason", [("local", "NotFoundError: TPUs not found"),
-                                        ("no-such-tpu-" + uuid.uuid4().hex[:6], "")])
+@pytest.mark.parametrize("tpu,reason", [
+    pytest.param("local", "NotFoundError: TPUs not found", id="local"),
+    # A fresh name each run, under a fixed test id (test collection must agree
+    # between pytest-xdist workers).
+    pytest.param("no-such-tpu-" + uuid.uuid4().hex[:6], "", id="no-such-tpu")])
 def test_bad_tpu_off_a_tpu(dataset, tmp_path, tpu, reason):
     proc = run_cli(f"--data={dataset}", f"--model_dir={tmp_path}/m", "--strategy=tpu",
                    f"--tpu={tpu}")
