@@ -80,6 +80,10 @@ def test_both_loops_write_the_same_summaries_and_checkpoints(dataset, tmp_path, 
                          sorted(os.listdir(model_dir)))
     out = capsys.readouterr().out
     assert "examples:" not in out and "xent" not in out  # the Keras progress bar
+    # Each epoch line starts its own line, not the end of the Keras bar's.
+    epoch_lines = re.findall(r"epoch [12]/2 test_loss ", out)
+    assert len(epoch_lines) == 4
+    assert re.findall(r"(?m)^epoch [12]/2 test_loss ", out) == epoch_lines
     assert written["keras"] == written["custom"]
     points, checkpoints, top = written["keras"]
     assert points == ({("train", tag, step) for tag in ("loss", "accuracy",

@@ -60,7 +60,11 @@ def train(config: TrainConfig, strategy: tf.distribute.Strategy, model: keras.Mo
           callbacks: Sequence[keras.callbacks.Callback] = ()) -> None:
     """Fits from the controller's step to the end of the last epoch."""
     spe, step = controller.steps_per_epoch, controller.step
-    hooks = [_Hooks(controller), *callbacks]
+    # Keras appends its own progress bar after the given callbacks, so it would
+    # end the bar's line only after the controller printed its epoch line onto
+    # it. Given first, the bar ends its line before the controller prints.
+    progress = [keras.callbacks.ProgbarLogger(count_mode="steps")] if config.verbose else []
+    hooks = [*progress, _Hooks(controller), *callbacks]
 
     def fit(start: int, first_epoch: int, epochs: int, steps: int) -> None:
         dataset, _ = data.train_input(strategy, train_split, config, start_step=start,
