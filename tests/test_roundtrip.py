@@ -62,13 +62,26 @@ def test_every_example_once_per_epoch_and_disjoint_pipelines(converted, digits):
     assert sorted(union) == list(range(n))
 
 
-@pytest.mark.parametrize("loop", ["keras", "custom"])
-def test_trainer_learns_the_pipeline_output(converted, digits, tmp_path, loop, capsys):
+@pytest.fixture(scope="module")
+def trained(converted, tmp_path_factory):
+    """loop -> (model_dir, metrics) of a run on the converted digits, trained once."""
     out, _ = converted
-    model_dir = str(tmp_path / "model")
-    metrics = train_and_evaluate(TrainConfig(
-        data=out, model_dir=model_dir, loop=loop, epochs=4,
-        global_batch_size=16, steps_per_execution=5, verbose=0, seed=0, log_every=50))
+    runs = {}
+
+    def get(loop):
+        if loop not in runs:
+            model_dir = str(tmp_path_factory.mktemp(f"model-{loop}"))
+            runs[loop] = model_dir, train_and_evaluate(TrainConfig(
+                data=out, model_dir=model_dir, loop=loop, epochs=4, global_batch_size=16,
+                steps_per_execution=5, verbose=0, seed=0, log_every=50))
+        return runs[loop]
+    return get
+
+
+@pytest.mark.parametrize("loop", ["keras", "custom"])
+def test_trainer_learns_the_pipeline_output(converted, digits, trained, loop, capsys):
+    out, _ = converted
+    model_dir, metrics = trained(loop)
     assert metrics["test_examples"] == len(digits["test"][1])  # 90: not a multiple of 16
     assert metrics["train_steps"] == 4 * (len(digits["train"][1]) // 16)
     h = metrics["history"]
@@ -88,12 +101,9 @@ def test_trainer_learns_the_pipeline_output(converted, digits, tmp_path, loop, c
     assert capsys.readouterr().out.splitlines()[-1].endswith("/7) on split test")
 
 
-def test_predict_command_on_png_files(converted, digits, tmp_path):
+def test_predict_command_on_png_files(trained, digits, tmp_path):
     """``python -m trainer.predict`` on PNG files of real digits, as a user runs it."""
-    out, _ = converted
-    model_dir = str(tmp_path / "model")
-    train_and_evaluate(TrainConfig(data=out, model_dir=model_dir, epochs=2,
-                                   global_batch_size=16, verbose=0, seed=0))
+    model_dir, _ = trained("keras")  # the export of the Keras run above
     images, _ = digits["test"]
     paths = []
     for i in range(4):
