@@ -49,13 +49,17 @@ def dask_cluster(tmp_path):
         assert len(set(pids.values())) == 2 and os.getpid() not in pids.values()
         yield address
     finally:
-        for process in reversed(processes):
-            process.terminate()
-        for process in processes:
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        # Workers first, while their scheduler still answers: a worker whose
+        # scheduler is already gone waits out reconnection attempts.
+        workers, scheduler = processes[1:], processes[:1]
+        for group in (workers, scheduler):
+            for process in group:
+                process.terminate()
+            for process in group:
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
         logs.close()
 
 
