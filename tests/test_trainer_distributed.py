@@ -10,6 +10,10 @@ and single-step (custom) learns (loss falls, accuracy rises); evaluation
 covers all 37 test examples of a split that 8 does not divide, and its
 metrics equal those computed directly from the exported model on the raw
 arrays; both loops resume at the saved step; outputs land in model_dir.
+Then, in the same process (so a second model under the same devices is
+covered too), the CPU recipe (convnet + augmentation + warmup/cosine
+schedule) learns real digits in both loops, and its export's accuracy on raw
+pixels equals the trainer's.
 """
 
 from __future__ import annotations
@@ -103,6 +107,23 @@ SCRIPT = textwrap.dedent(r'''
     second = run("k", tmp + "/data", tmp + "/resume_keras", loop="keras",
                  steps_per_execution=4)
     results["resume_keras"] = {"crashed": crashed, "second": second}
+
+    # The CPU recipe on real digits: another model in the same process.
+    from tests.conftest import real_digits
+    train, test = real_digits(640), real_digits(150, offset=3)
+    trainer_data.write_dataset(tmp + "/digits", arrays={"train": train, "test": test},
+                               train_shards=4, test_shards=2)
+    for loop in ("keras", "custom"):
+        model_dir = f"{tmp}/recipe_{loop}"
+        m = train_and_evaluate(TrainConfig(
+            data=tmp + "/digits", model_dir=model_dir, loop=loop, model="convnet",
+            augment=True, lr_schedule="cosine", warmup_steps=10, learning_rate=2e-3,
+            epochs=5, global_batch_size=32, steps_per_execution=5, cpu_replicas=2,
+            verbose=0, seed=0, log_every=20))
+        export = keras.models.load_model(model_dir + "/export")  # no custom objects
+        classes = export.predict(test[0], verbose=0).argmax(-1)  # raw uint8 [N,28,28]
+        m["export_correct"] = int((classes == test[1]).sum())
+        results["recipe_" + loop] = m
     print("RESULTS " + json.dumps(results))
 ''')
 
@@ -110,7 +131,7 @@ SCRIPT = textwrap.dedent(r'''
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("distributed")
-    out, stdout = run_results_script(SCRIPT, tmp, timeout=400)
+    out, stdout = run_results_script(SCRIPT, tmp, timeout=600)
     out["stdout"] = stdout
     return out
 
@@ -182,3 +203,20 @@ def test_keras_loop_resumes_after_crash(results):
     assert second["resumed_from_step"] == 16  # the checkpoint after epoch 1
     assert second["train_steps"] == 48
     assert [len(v) for v in second["history"].values()] == [3, 3, 3, 3]
+
+
+@pytest.mark.parametrize("loop", ["keras", "custom"])
+def test_recipe_learns_real_digits_on_two_replicas(results, loop):
+    m = results["recipe_" + loop]
+    assert m["strategy"] == "MirroredStrategy" and m["replicas"] == 2
+    assert m["train_steps"] == 5 * (640 // 32)
+    h = m["history"]
+    assert h["train_loss"][-1] < 0.6 * h["train_loss"][0]
+    assert m["test_examples"] == 150
+    assert m["test_accuracy"] > 0.75  # 640 real digits, 100 steps; chance is 0.1
+
+
+@pytest.mark.parametrize("loop", ["keras", "custom"])
+def test_export_accuracy_on_raw_pixels_equals_the_trainers(results, loop):
+    m = results["recipe_" + loop]
+    assert m["export_correct"] == round(m["test_accuracy"] * m["test_examples"])

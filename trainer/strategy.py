@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Optional
+from typing import Optional, Sequence
 
 import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
@@ -81,6 +81,24 @@ def tpu_hinted(tpu: Optional[str]) -> bool:
                 or any(os.path.exists(p) for p in _TPU_DEVICE_HINTS))
 
 
+_mirrored: dict[Optional[tuple[str, ...]], tf.distribute.MirroredStrategy] = {}
+
+
+def mirrored(devices: Optional[Sequence[str]] = None) -> tf.distribute.MirroredStrategy:
+    """One MirroredStrategy per device set and process, made on first use.
+
+    A second MirroredStrategy over the same devices restarts the collective
+    instance keys, and the runtime, which keeps the first one's collective
+    ops, then rejects another model's shapes ("Shape mismatch in the
+    collective instance 100"): a second training in the same process (a
+    notebook, a test) must reuse the strategy.
+    """
+    key = tuple(devices) if devices else None
+    if key not in _mirrored:
+        _mirrored[key] = tf.distribute.MirroredStrategy(devices=devices)
+    return _mirrored[key]
+
+
 def make_strategy(kind: str = "auto", tpu: Optional[str] = None,
                   cpu_replicas: int = 0) -> tf.distribute.Strategy:
     """Returns the strategy for ``kind`` (see `trainer.config.STRATEGIES`).
@@ -96,11 +114,11 @@ def make_strategy(kind: str = "auto", tpu: Optional[str] = None,
             raise TrainerError(f"--cpu_replicas works with auto or mirrored, not {kind}")
         devices = split_cpu(cpu_replicas)
         log.info("MirroredStrategy over %d logical CPU devices", len(devices))
-        return tf.distribute.MirroredStrategy(devices=devices)
+        return mirrored(devices)
     if kind == "tpu":
         return tpu_strategy(tpu)
     if kind == "mirrored":
-        return tf.distribute.MirroredStrategy()
+        return mirrored()
     if kind == "multi_worker":
         if not os.environ.get("TF_CONFIG"):
             raise TrainerError("--strategy=multi_worker needs TF_CONFIG "
@@ -123,7 +141,7 @@ def make_strategy(kind: str = "auto", tpu: Optional[str] = None,
                 raise
             log.warning("strategy=auto: %s; trying GPUs/CPU", e)
     if tf.config.list_physical_devices("GPU"):
-        return tf.distribute.MirroredStrategy()
+        return mirrored()
     if os.environ.get("TF_CONFIG"):
         return make_strategy("multi_worker")
     return tf.distribute.get_strategy()
