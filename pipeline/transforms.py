@@ -16,9 +16,10 @@ shuffle is held in memory)::
 
     ReadTasks -> SpillSortedRuns -> PlanShards -> MergeSpillsIntoShards -> WriteShardList
 
-  Each chunk a read task produces becomes one key-sorted spill file; a shard
-  is a streaming merge of one byte range per spill file. Only small
-  descriptors pass through Beam, so memory does not grow with the dataset.
+  Each chunk a read task produces becomes one key-sorted spill file with a
+  footer of its keys; a shard merges one byte range per spill file, in
+  blocks (`shard_io.merge_spill_ranges`). Only per-bucket descriptors pass
+  through Beam, so memory does not grow with the dataset.
 
 Element types, as the type aliases below name them:
 
@@ -344,7 +345,8 @@ class _MergeShardFn(_ShardWriterFn):
 class MergeSpillsIntoShards(beam.PTransform):
     """PCollection[SpillRun] -> PCollection[WrittenShard], given the Plans.
 
-    Each shard streams a k-way merge of its byte range of every spill file.
+    Each shard merges its byte range of every spill file, ordered by the
+    ranges' keys and copied in blocks of about ``MERGE_MEMORY_BYTES``.
     """
 
     def __init__(self, settings: ConvertSettings, plans):
