@@ -134,3 +134,10 @@ def run_results_script(script: str, tmp, timeout: int) -> tuple[dict, str]:
     lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULTS ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
     return json.loads(lines[-1][len("RESULTS "):]), proc.stdout
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Tests marked slow first (a stable sort): with several pytest-xdist
+    workers the longest files then start at once instead of running alone at
+    the end of the suite."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

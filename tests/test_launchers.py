@@ -332,5 +332,22 @@ def test_run_tests_calls_pytest_with_arguments(tmp_path):
     subprocess.run(["bash", str(SCRIPTS / "run_tests.sh"), "-k", "x y"],
                    check=True, env=env, timeout=30)
     lines = log.read_text().splitlines()
-    assert lines[0] == "-m pytest -q -k x y"
+    assert lines[0] == "-c import xdist"  # the probe: is pytest-xdist installed?
+    assert "-m pytest -q -n 2 --dist loadfile -k x y" in lines
     assert "TF_CPP_MIN_LOG_LEVEL=2" in lines
+
+
+def test_run_tests_without_xdist_or_with_test_workers(tmp_path):
+    log = tmp_path / "python.log"
+    fake = fake_program(tmp_path / "python", f"""
+[ "$1" = -c ] && exit 1  # no pytest-xdist
+printf '%s\\n' "$*" >> {shlex.quote(str(log))}
+""")
+    subprocess.run(["bash", str(SCRIPTS / "run_tests.sh"), "tests/x.py"], check=True,
+                   env=clean_env(PYTHON=str(fake)), timeout=30)
+    assert log.read_text().splitlines() == ["-m pytest -q tests/x.py"]
+    (tmp_path / "with").mkdir()
+    fake, log = _fake_python(tmp_path / "with")
+    subprocess.run(["bash", str(SCRIPTS / "run_tests.sh")], check=True,
+                   env=clean_env(PYTHON=str(fake), TEST_WORKERS="0"), timeout=30)
+    assert "-m pytest -q -n 0 --dist loadfile" in log.read_text().splitlines()
