@@ -329,6 +329,7 @@ def test_run_tests_calls_pytest_with_arguments(tmp_path):
     fake, log = _fake_python(tmp_path)
     env = clean_env(PYTHON=str(fake))
     env.pop("TF_CPP_MIN_LOG_LEVEL", None)
+    env.pop("TEST_WORKERS", None)  # the default
     subprocess.run(["bash", str(SCRIPTS / "run_tests.sh"), "-k", "x y"],
                    check=True, env=env, timeout=30)
     lines = log.read_text().splitlines()
