@@ -190,7 +190,7 @@ class _RangeReader:
     def __init__(self, f, spill: SpillRange):
         self._f, self._spill = f, spill
         self.keys, self.ends = spill.read_index(f)
-        self.start = self._at = spill.start
+        self.start = self.offset = spill.start  # offset: read up to here
         self._crc = 0
         self._check = 0
         f.seek(spill.start)
@@ -198,15 +198,15 @@ class _RangeReader:
     def read(self, end: int) -> bytes:
         """The bytes from the current offset to ``end``."""
         path = self._spill.path
-        data = self._f.read(end - self._at)
-        if len(data) != end - self._at:
-            raise IOError(f"spill file damaged: {path}: ends {end - self._at - len(data)} "
-                          f"bytes early, at byte {self._at + len(data)}")
-        at = self._at
+        data = self._f.read(end - self.offset)
+        if len(data) != end - self.offset:
+            raise IOError(f"spill file damaged: {path}: ends {end - self.offset - len(data)} "
+                          f"bytes early, at byte {self.offset + len(data)}")
+        at = self.offset
         check_ends, crcs = self._spill.ends, self._spill.crcs
         while at < end:
             stop = min(end, int(check_ends[self._check]))
-            self._crc = google_crc32c.extend(self._crc, data[at - self._at:stop - self._at])
+            self._crc = google_crc32c.extend(self._crc, data[at - self.offset:stop - self.offset])
             if stop == check_ends[self._check]:
                 if self._crc != crcs[self._check]:
                     begin = int(check_ends[self._check - 1]) if self._check else \
@@ -215,7 +215,7 @@ class _RangeReader:
                                   f"bytes {begin}-{stop}")
                 self._crc, self._check = 0, self._check + 1
             at = stop
-        self._at = end
+        self.offset = end
         return data
 
 
@@ -243,18 +243,15 @@ def merge_spill_ranges(ranges: Sequence[SpillRange], memory_bytes: int
         sizes = (ends - starts)[order]
         cuts = np.searchsorted(np.cumsum(sizes), np.arange(memory_bytes, sizes.sum(),
                                                             memory_bytes), side="right")
-        done = np.array([r.start for r in ranges], np.int64)  # offset read so far
         for block in np.split(order, cuts):
             if not len(block):
                 continue
             src = source[block]
             last = np.full(len(ranges), -1, np.int64)
             np.maximum.at(last, src, block)
-            base = done.copy()
-            buffers = {}
-            for r in np.flatnonzero(last >= 0).tolist():
-                buffers[r] = memoryview(readers[r].read(int(ends[last[r]])))
-                done[r] = ends[last[r]]
+            base = np.fromiter((reader.offset for reader in readers), np.int64, len(readers))
+            buffers = {r: memoryview(readers[r].read(int(ends[last[r]])))
+                       for r in np.flatnonzero(last >= 0).tolist()}
             lo = (starts[block] - base[src]).tolist()
             hi = (ends[block] - base[src]).tolist()
             yield b"".join([buffers[r][a:b] for r, a, b in zip(src.tolist(), lo, hi)]), \
