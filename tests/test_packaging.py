@@ -6,7 +6,7 @@ from importlib import metadata
 
 from packaging.requirements import Requirement
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 
 def _extras():

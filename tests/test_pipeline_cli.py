@@ -11,7 +11,7 @@ from pipeline import flags, job
 from pipeline.__main__ import main
 from pipeline.errors import PipelineInputError
 from pipeline.options import ConvertOptions, unknown_flags
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 
 def job_args(*argv):

@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("distributed", reason="needs the dask extra: pip install '.[dask]'")
 
 from pipeline import job  # noqa: E402
-from tests.conftest import REPO, free_port  # noqa: E402
+from tests.helpers import REPO, free_port  # noqa: E402
 
 
 def snapshot(folder):

@@ -17,7 +17,7 @@ import pytest
 from pipeline import credentials, download, progress
 from pipeline.__main__ import main
 from pipeline.errors import PipelineInputError
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 FIX = ("run `gcloud auth application-default login`, or set "
        "GOOGLE_APPLICATION_CREDENTIALS to a service account key file")

@@ -20,7 +20,7 @@ from pipeline import job, storage
 from pipeline.errors import StorageError
 from pipeline.verify import main as verify_main
 from pipeline.verify import verify
-from tests.conftest import EMULATOR_BUCKET, REPO, GcsEmulator, free_port
+from tests.helpers import EMULATOR_BUCKET, REPO, GcsEmulator, free_port
 
 SYNTHETIC = 60_000  # about 6 s of work on the local runner: time to interrupt it
 # On gs:// (the emulator) the job runs slower: half as many records leave it

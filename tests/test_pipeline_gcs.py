@@ -13,7 +13,7 @@ from mnist_contract import examples, framing
 
 from pipeline import job
 from pipeline.errors import PipelineInputError
-from tests.conftest import EMULATOR_BUCKET
+from tests.helpers import EMULATOR_BUCKET
 
 
 def bucket_files(client, prefix):

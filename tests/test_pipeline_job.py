@@ -18,7 +18,7 @@ from mnist_contract import examples
 from pipeline import idx, job
 from pipeline.__main__ import main
 from pipeline.errors import PipelineInputError
-from tests.conftest import REPO, write_idx_split
+from tests.helpers import REPO, write_idx_split
 
 
 def run_job(source, output, *flags):

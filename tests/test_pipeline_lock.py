@@ -15,7 +15,7 @@ from pipeline import job, lock
 from pipeline.errors import PipelineInputError
 from pipeline.output import prepare_output
 from pipeline.verify import verify
-from tests.conftest import EMULATOR_BUCKET, REPO
+from tests.helpers import EMULATOR_BUCKET, REPO
 
 HOLDER = re.compile(r"locked by run (\w+) \(host (\S+), pid (\d+), started "
                     r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ, heartbeat \d+s ago\)")

@@ -20,7 +20,7 @@ from pipeline import faults, job, publish, storage
 from pipeline.errors import PipelineInputError, StorageError
 from pipeline.output import prepare_output
 from pipeline.verify import VerificationError, verify
-from tests.conftest import EMULATOR_BUCKET, REPO, write_idx_split
+from tests.helpers import EMULATOR_BUCKET, REPO, write_idx_split
 
 
 # Tiny data in several shards: below the 1 MB shard size the job otherwise refuses.

@@ -15,7 +15,7 @@ import pytest
 from pipeline import job, lock, storage
 from pipeline.__main__ import main
 from pipeline.verify import verify
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 
 def mount(*args):

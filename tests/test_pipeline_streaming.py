@@ -8,7 +8,7 @@ import pytest
 
 from pipeline import idx, sources
 from pipeline.errors import PipelineInputError
-from tests.conftest import write_idx_split
+from tests.helpers import write_idx_split
 
 
 class CountingReader(io.BytesIO):

@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 from pipeline import job
-from tests.conftest import REPO
+from tests.helpers import REPO
 from trainer import data, predict
 from trainer.config import TrainConfig
 from trainer.train import train_and_evaluate
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory, digits):
-    from tests.conftest import write_idx_split
+    from tests.helpers import write_idx_split
     root = tmp_path_factory.mktemp("roundtrip")
     for split, (images, labels) in digits.items():
         write_idx_split(root / "idx", split, images, labels)

@@ -4,7 +4,7 @@ import os
 import shutil
 import subprocess
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 SETTINGS = ("PYTHON", "DATA", "LOOP", "MODEL_DIR", "EPOCHS", "RESUME")
 

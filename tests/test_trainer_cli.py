@@ -13,7 +13,7 @@ import pytest
 
 import mnist_contract as contract
 from tests import trainer_data
-from tests.conftest import REPO
+from tests.helpers import REPO
 from trainer import __main__ as cli
 from trainer import config as config_lib
 from trainer.config import TrainConfig, TrainerError

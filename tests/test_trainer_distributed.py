@@ -22,7 +22,7 @@ import textwrap
 
 import pytest
 
-from tests.conftest import run_results_script
+from tests.helpers import run_results_script
 
 pytestmark = pytest.mark.slow
 
@@ -109,7 +109,7 @@ SCRIPT = textwrap.dedent(r'''
     results["resume_keras"] = {"crashed": crashed, "second": second}
 
     # The CPU recipe on real digits: another model in the same process.
-    from tests.conftest import real_digits
+    from tests.helpers import real_digits
     train, test = real_digits(640), real_digits(150, offset=3)
     trainer_data.write_dataset(tmp + "/digits", arrays={"train": train, "test": test},
                                train_shards=4, test_shards=2)

@@ -20,7 +20,7 @@ import tf_keras as keras
 
 import mnist_contract as contract
 from tests import trainer_data
-from tests.conftest import real_digits
+from tests.helpers import real_digits
 from trainer import augment, controller, export, model as model_lib, predict
 from trainer.config import TrainConfig, TrainerError
 

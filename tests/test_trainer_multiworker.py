@@ -28,7 +28,7 @@ import pytest
 
 import mnist_contract as contract
 from tests import trainer_data
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 pytestmark = pytest.mark.slow
 

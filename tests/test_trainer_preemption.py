@@ -40,7 +40,7 @@ import pytest
 import tensorflow as tf
 
 from tests import trainer_data
-from tests.conftest import REPO
+from tests.helpers import REPO
 from trainer import controller, outputs
 
 pytestmark = pytest.mark.slow

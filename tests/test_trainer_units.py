@@ -13,7 +13,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from tests import trainer_data
-from tests.conftest import REPO
+from tests.helpers import REPO
 from trainer import controller, custom_loop, data, model as model_lib
 from trainer import strategy as strategy_lib
 from trainer.config import TrainConfig, TrainerError

