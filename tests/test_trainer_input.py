@@ -18,7 +18,8 @@ import tensorflow as tf
 from tests import trainer_data
 import mnist_contract as contract
 from trainer import data
-from trainer.config import TrainConfig, TrainerError
+from trainer.config import TrainConfig
+from trainer.errors import TrainerError
 
 
 def ram_dir() -> str:
@@ -167,7 +168,7 @@ def test_formats_decode_to_the_written_pixels(image_format, compression, tmp_pat
     assert got == 10
 
 
-def test_builders_return_dataset_and_steps_and_apply_the_postprocess():
+def test_builders_return_datasets_and_apply_the_postprocess():
     out = ram_dir()
     trainer_data.write_dataset(out, num_train=40, num_test=13, train_shards=2, test_shards=2)
     manifest = data.load_manifest(out)
@@ -175,9 +176,9 @@ def test_builders_return_dataset_and_steps_and_apply_the_postprocess():
     test_files = data.split_files(out, manifest, "test")
     config = TrainConfig(data=out, model_dir="-", global_batch_size=8, cache=True)
     strategy = tf.distribute.get_strategy()
-    ds, steps = data.train_input(strategy, train_files, config,
-                                 postprocess=lambda b: (b["image"], b["label"]))
-    assert steps == 5  # 40 // 8
+    ds = data.train_input(strategy, train_files, config,
+                          postprocess=lambda b: (b["image"], b["label"]))
+    assert data.steps_per_epoch(train_files, config) == 5  # 40 // 8
     x, y = next(iter(ds))
     assert x.shape == (8, 28, 28, 1) and y.shape == (8,)
     ds, steps = data.eval_input(strategy, test_files, config)

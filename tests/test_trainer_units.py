@@ -14,9 +14,10 @@ import tf_keras as keras
 
 from tests import trainer_data
 from tests.helpers import REPO
-from trainer import controller, custom_loop, data, model as model_lib
+from trainer import custom_loop, data, model as model_lib
 from trainer import strategy as strategy_lib
-from trainer.config import TrainConfig, TrainerError
+from trainer.config import TrainConfig
+from trainer.errors import TrainerError
 
 
 def test_train_step_compiles_with_xla_on_cpu():
@@ -28,7 +29,7 @@ def test_train_step_compiles_with_xla_on_cpu():
     strategy = tf.distribute.get_strategy()
     config = TrainConfig(data=out, model_dir="-", global_batch_size=16,
                          steps_per_execution=3, jit_compile=True)
-    loop = custom_loop.CustomLoop(config, strategy, *controller.build(config, strategy, 6))
+    loop = custom_loop.CustomLoop(config, strategy, *model_lib.build(config, strategy, 6))
     batch = next(iter(ds))
     hlo = loop.replica_step.experimental_get_compiler_ir(batch)(stage="hlo")
     assert hlo.startswith("HloModule")
