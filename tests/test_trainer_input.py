@@ -235,3 +235,13 @@ def test_corrupt_file_is_found():
     path, message = data.find_corrupt_file(files)
     assert path == bad
     assert "corrupt" in message.lower() or "checksum" in message.lower()
+
+
+def test_eval_steps_arithmetic():
+    # 37 examples in one pipeline, 2 replicas x 4: 5 steps (40 slots, 3 padding).
+    assert data.eval_steps([19, 18], 8, 2, 1) == 5
+    # Two pipelines, files 0+2 (25) vs 1 (12): the larger sets the count.
+    assert data.pipeline_example_counts([13, 12, 12], 2) == [25, 12]
+    assert data.eval_steps([13, 12, 12], 8, 4, 2) == 7
+    # Fewer files than pipelines: records dealt round robin.
+    assert data.pipeline_example_counts([37], 2) == [19, 18]
