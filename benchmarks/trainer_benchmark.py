@@ -55,7 +55,7 @@ import tf_keras as keras  # noqa: E402
 import mnist_contract as contract  # noqa: E402
 from mnist_contract import examples  # noqa: E402
 from tests import trainer_data  # noqa: E402
-from trainer import controller, custom_loop, data, keras_loop  # noqa: E402
+from trainer import custom_loop, data, keras_loop  # noqa: E402
 from trainer import model as model_lib  # noqa: E402
 from trainer.config import TrainConfig  # noqa: E402
 
@@ -204,7 +204,7 @@ def keras_ratio(split: data.SplitFiles, batch: int, steps: int, repeats: int,
     """
     strategy = tf.distribute.get_strategy()
     config = TrainConfig(data="-", model_dir="-", global_batch_size=batch)
-    dist, _ = data.train_input(strategy, split, config, postprocess=keras_loop.keras_batch)
+    dist = data.train_input(strategy, split, config, postprocess=keras_loop.keras_batch)
 
     class EpochTimer(keras.callbacks.Callback):
         """Times the epoch alone, not fit()'s set-up."""
@@ -246,14 +246,14 @@ def keras_ratio(split: data.SplitFiles, batch: int, steps: int, repeats: int,
 def custom_ratio(split: data.SplitFiles, batch: int, steps: int,
                  repeats: int) -> Paired:
     strategy = tf.distribute.get_strategy()
-    dist, _ = data.train_input(strategy, split, TrainConfig(
+    dist = data.train_input(strategy, split, TrainConfig(
         data="-", model_dir="-", global_batch_size=batch))
 
     def loop(spe):
         config = TrainConfig(data="-", model_dir="-", epochs=1, steps_per_epoch=steps,
                              global_batch_size=batch, steps_per_execution=spe)
         lp = custom_loop.CustomLoop(config, strategy,
-                                    *controller.build(config, strategy, steps))
+                                    *model_lib.build(config, strategy, steps))
         it = iter(dist)
         lp.train(it, steps)  # warm-up
         float(lp.train_loss.result())

@@ -20,7 +20,7 @@ if [[ -z "${PYTHON:-}" ]]; then
   if [[ ! -e "$_stamp" ]]; then
     echo "== installing the project with extras [$_extras] into $_venv" >&2
     "$_venv/bin/python" -m pip install -q --upgrade pip >&2
-    "$_venv/bin/python" -m pip install -q -e "$_root[$_extras]" >&2
+    "$_venv/bin/python" -m pip install -q -e "${_root}[$_extras]" >&2
     rm -f "$_venv"/.installed-* && touch "$_stamp"
   fi
   export PYTHON="$_venv/bin/python"

@@ -184,8 +184,31 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def resolve_config(args: argparse.Namespace, trainer_args: Sequence[str],
                    environ: Mapping[str, str] | None = None) -> TpuConfig:
-    """Merge flags with environment variables and validate; ConfigError."""
+    """Merge flags with environment variables and validate; ConfigError.
+
+    Steps that only talk to an existing VM need its name and zone; the
+    others also the accelerator and its software, and ``train`` the gs://
+    folders.
+    """
     steps = STEPS if args.step == "all" else (args.step,)
+    _check_step_flags(args, steps, trainer_args)
+    cfg = _vm_config(args, trainer_args, environ)
+    if set(steps) <= set(VM_STEPS):
+        return cfg
+    _resolve_software(cfg, args, environ)
+    if "train" in steps:
+        _resolve_train_folders(cfg, args)
+    for arg in cfg.trainer_args:
+        if arg.split("=", 1)[0] in ("--data", "--model_dir", "--strategy",
+                                    "--tpu"):
+            raise lc.ConfigError(f"{arg.split('=', 1)[0]} is set by this "
+                                 "launcher; drop it")
+    return cfg
+
+
+def _check_step_flags(args: argparse.Namespace, steps: Sequence[str],
+                      trainer_args: Sequence[str]) -> None:
+    """The numeric flags' ranges; trainer arguments only for a step that trains."""
     if args.poll_seconds < 0:
         raise lc.ConfigError("--poll_seconds must be 0 or more")
     if args.wait_timeout <= 0:
@@ -195,6 +218,12 @@ def resolve_config(args: argparse.Namespace, trainer_args: Sequence[str],
     if trainer_args and "train" not in steps:
         raise lc.ConfigError(f"{args.step} takes no trainer arguments, got "
                              f"{shlex.join(trainer_args)}")
+
+
+def _vm_config(args: argparse.Namespace, trainer_args: Sequence[str],
+               environ: Mapping[str, str] | None) -> TpuConfig:
+    """The settings every step needs: the VM's name, zone and project, and
+    the launcher's own options."""
     name = lc.first_setting(args.name, lc.env("TPU_NAME", environ=environ))
     if not name:
         raise lc.ConfigError("--name is required (or set TPU_NAME)")
@@ -202,7 +231,7 @@ def resolve_config(args: argparse.Namespace, trainer_args: Sequence[str],
         "TPU_ZONE", "CLOUDSDK_COMPUTE_ZONE", environ=environ))
     if not zone:
         raise lc.ConfigError("--zone is required (or set TPU_ZONE)")
-    cfg = TpuConfig(
+    return TpuConfig(
         name=name, zone=zone,
         project=lc.first_setting(args.project, lc.env(
             "GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT", environ=environ)),
@@ -213,8 +242,15 @@ def resolve_config(args: argparse.Namespace, trainer_args: Sequence[str],
         gcloud=args.gcloud, python=args.python,
         dist_dir=Path(args.dist_dir).resolve(),
         build_isolation=not args.no_build_isolation)
-    if set(steps) <= set(VM_STEPS):
-        return cfg
+
+
+def _resolve_software(cfg: TpuConfig, args: argparse.Namespace,
+                      environ: Mapping[str, str] | None) -> None:
+    """The accelerator, its TPU software image and the TensorFlow to run on it.
+
+    A multi-host slice needs a TensorFlow pod image and its own TensorFlow,
+    which runs the TPU worker service on every host.
+    """
     accelerator = lc.first_setting(args.accelerator_type, lc.env(
         "TPU_ACCELERATOR_TYPE", environ=environ))
     if not accelerator:
@@ -238,24 +274,20 @@ def resolve_config(args: argparse.Namespace, trainer_args: Sequence[str],
         raise lc.ConfigError(
             "on a multi-host slice keep the pod image's TensorFlow "
             f"(--tensorflow={PREINSTALLED}); it runs the TPU worker service")
-    if "train" in steps:
-        if not (args.data or "").strip():
-            raise lc.ConfigError(
-                "--data is required: the gs:// folder the pipeline wrote")
-        cfg.data = lc.require_gs(args.data, "--data")
-        if not args.model_dir:
-            raise lc.ConfigError(
-                "--model_dir is required: a gs:// folder (TPU hosts cannot "
-                "write to this machine's disk)")
-        cfg.model_dir = lc.require_gs(args.model_dir, "--model_dir")
-    for arg in cfg.trainer_args:
-        if arg.split("=", 1)[0] in ("--data", "--model_dir", "--strategy",
-                                    "--tpu"):
-            raise lc.ConfigError(f"{arg.split('=', 1)[0]} is set by this "
-                                 "launcher; drop it")
-    return cfg
 
 
+def _resolve_train_folders(cfg: TpuConfig, args: argparse.Namespace) -> None:
+    """``--data`` and ``--model_dir``: required, and gs:// (TPU hosts read
+    and write Cloud Storage, not this machine's disk)."""
+    if not (args.data or "").strip():
+        raise lc.ConfigError(
+            "--data is required: the gs:// folder the pipeline wrote")
+    cfg.data = lc.require_gs(args.data, "--data")
+    if not args.model_dir:
+        raise lc.ConfigError(
+            "--model_dir is required: a gs:// folder (TPU hosts cannot "
+            "write to this machine's disk)")
+    cfg.model_dir = lc.require_gs(args.model_dir, "--model_dir")
 
 
 Runner = Callable[[lc.Command], tuple[int, str]]

@@ -32,6 +32,7 @@ EOF
   setting PYTHON "interpreter with the project" ".venv (made by scripts/bootstrap.sh)"
   setting DATA "shards (replaced each run)" "out/mnist"
   setting LOOP "keras | custom" "keras"
+  # shellcheck disable=SC2016  # the default as a formula: $LOOP stays literal
   setting MODEL_DIR "checkpoints, logs, export" 'runs/local-$LOOP (deleted first)'
   setting EPOCHS "training epochs" "20"
   setting RESUME "1: keep MODEL_DIR, resume" "0 (start from scratch)"

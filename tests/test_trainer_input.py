@@ -18,7 +18,8 @@ import tensorflow as tf
 from tests import trainer_data
 import mnist_contract as contract
 from trainer import data
-from trainer.config import TrainConfig, TrainerError
+from trainer.config import TrainConfig
+from trainer.errors import TrainerError
 
 
 def ram_dir() -> str:
@@ -167,7 +168,7 @@ def test_formats_decode_to_the_written_pixels(image_format, compression, tmp_pat
     assert got == 10
 
 
-def test_builders_return_dataset_and_steps_and_apply_the_postprocess():
+def test_builders_return_datasets_and_apply_the_postprocess():
     out = ram_dir()
     trainer_data.write_dataset(out, num_train=40, num_test=13, train_shards=2, test_shards=2)
     manifest = data.load_manifest(out)
@@ -175,9 +176,9 @@ def test_builders_return_dataset_and_steps_and_apply_the_postprocess():
     test_files = data.split_files(out, manifest, "test")
     config = TrainConfig(data=out, model_dir="-", global_batch_size=8, cache=True)
     strategy = tf.distribute.get_strategy()
-    ds, steps = data.train_input(strategy, train_files, config,
-                                 postprocess=lambda b: (b["image"], b["label"]))
-    assert steps == 5  # 40 // 8
+    ds = data.train_input(strategy, train_files, config,
+                          postprocess=lambda b: (b["image"], b["label"]))
+    assert data.steps_per_epoch(train_files, config) == 5  # 40 // 8
     x, y = next(iter(ds))
     assert x.shape == (8, 28, 28, 1) and y.shape == (8,)
     ds, steps = data.eval_input(strategy, test_files, config)
@@ -234,3 +235,13 @@ def test_corrupt_file_is_found():
     path, message = data.find_corrupt_file(files)
     assert path == bad
     assert "corrupt" in message.lower() or "checksum" in message.lower()
+
+
+def test_eval_steps_arithmetic():
+    # 37 examples in one pipeline, 2 replicas x 4: 5 steps (40 slots, 3 padding).
+    assert data.eval_steps([19, 18], 8, 2, 1) == 5
+    # Two pipelines, files 0+2 (25) vs 1 (12): the larger sets the count.
+    assert data.pipeline_example_counts([13, 12, 12], 2) == [25, 12]
+    assert data.eval_steps([13, 12, 12], 8, 4, 2) == 7
+    # Fewer files than pipelines: records dealt round robin.
+    assert data.pipeline_example_counts([37], 2) == [19, 18]

@@ -161,16 +161,13 @@ def test_two_workers_read_disjoint_shares_that_cover_the_split(tmp_path):
         assert sorted(tests[0] + tests[1]) == list(range(13))
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> str:
-    out = str(tmp_path_factory.mktemp("multiworker") / "data")
-    trainer_data.write_dataset(out, num_train=256, num_test=37, train_shards=4,
-                               test_shards=1)
-    return out
+# The dataset these tests share (`trainer_dataset` in conftest).
+DATASET = dict(num_train=256, num_test=37, train_shards=4, test_shards=1)
 
 
 @pytest.mark.parametrize("loop", ["keras", "custom"])
-def test_two_workers(dataset, tmp_path, loop):
+def test_two_workers(trainer_dataset, tmp_path, loop):
+    dataset = trainer_dataset(**DATASET)
     model_dir = str(tmp_path / "model")
     results = run_workers(lambda i: [
         "-m", "trainer", f"--data={dataset}", f"--model_dir={model_dir}",

@@ -48,12 +48,8 @@ pytestmark = pytest.mark.slow
 TOTAL_STEPS = 120
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> str:
-    out = str(tmp_path_factory.mktemp("preemption") / "data")
-    trainer_data.write_dataset(out, num_train=400, num_test=40, train_shards=4,
-                               test_shards=2)
-    return out
+# The dataset these tests share (`trainer_dataset` in conftest).
+DATASET = dict(num_train=400, num_test=40, train_shards=4, test_shards=2)
 
 
 def start(dataset: str, model_dir: str, loop: str) -> subprocess.Popen:
@@ -93,8 +89,9 @@ def final_variables(model_dir: str) -> dict:
 
 
 @pytest.mark.parametrize("loop", ["keras", "custom"])
-def test_sigkill_then_restart_resumes_and_matches_an_uninterrupted_run(dataset, tmp_path,
-                                                                        loop):
+def test_sigkill_then_restart_resumes_and_matches_an_uninterrupted_run(
+        trainer_dataset, tmp_path, loop):
+    dataset = trainer_dataset(**DATASET)
     reference_dir, model_dir = str(tmp_path / "reference"), str(tmp_path / "preempted")
     reference = start(dataset, reference_dir, loop)  # runs alongside the first attempt
     first = start(dataset, model_dir, loop)

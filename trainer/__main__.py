@@ -26,7 +26,8 @@ import sys  # noqa: E402
 from typing import Optional, Sequence  # noqa: E402
 
 import trainer  # noqa: E402,F401  (sets TF_USE_LEGACY_KERAS before TF loads)
-from trainer.config import TrainConfig, TrainerError, parse_flags  # noqa: E402
+from trainer.config import TrainConfig, parse_flags  # noqa: E402
+from trainer.errors import TrainerError  # noqa: E402
 
 
 def _quiet_tensorflow_start(config: TrainConfig) -> None:

@@ -30,7 +30,7 @@ import tensorflow as tf
 
 import mnist_contract as contract
 from mnist_contract import examples
-from trainer.config import TrainerError, summarize_error
+from trainer.errors import TrainerError, summarize_error
 
 _CHUNK = 1 << 20
 

@@ -18,37 +18,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import re
 import typing
 from typing import Any, Mapping, Optional, Sequence
 
+from trainer.errors import TrainerError
+from trainer.names import MODELS, PRECISIONS, SCHEDULES
+
 LOOPS = ("keras", "custom")
 STRATEGIES = ("auto", "tpu", "mirrored", "multi_worker", "default")
-MODELS = ("guide", "small", "convnet")
-PRECISIONS = ("none", "bfloat16")
-SCHEDULES = ("constant", "cosine")
-
-
-class TrainerError(Exception):
-    """An expected failure (bad input, missing file, no TPU...).
-
-    The message is one line that names the file or setting at fault; the
-    command line prints it without a traceback.
-    """
-
-
-def summarize_error(error: BaseException, limit: int = 160) -> str:
-    """The gist of a (TensorFlow) exception, fit for one line.
-
-    Drops TF's ``{{function_node ...}}`` prefixes and ``[Op:...]`` suffixes
-    and keeps the first sentence of the first line.
-    """
-    text = getattr(error, "message", None) or str(error) or type(error).__name__
-    line = text.strip().splitlines()[0] if text.strip() else type(error).__name__
-    line = re.sub(r"\{\{[^}]*\}\}\s*", "", line)
-    line = re.sub(r"\s*\[Op:.*$", "", line).strip()
-    line = line.split(". ")[0]
-    return line[:limit] or type(error).__name__
 
 
 def _field(default: Any, help: str, **meta) -> Any:

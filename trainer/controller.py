@@ -1,30 +1,26 @@
 """The skeleton both loops share, Orbit-style: one outer controller, two inner loops.
 
-The inner loops (`trainer.keras_loop`: ``Model.fit`` with
-``steps_per_execution``; `trainer.custom_loop`: ``strategy.run`` under a
-multi-step ``tf.function``) only run training steps. Everything around them
-is here and is the same for both:
+As in Orbit, the controller owns the loop around training and the inner
+loop only runs steps. Everything around the steps is here and is the same
+for both loops: the controller restores the latest checkpoint, and decides
+when to log (TensorBoard ``logs/train``: ``loss``, ``accuracy``,
+``examples_per_second`` every ``log_every`` steps and at epoch ends;
+``logs/validation``: ``loss``, ``accuracy`` per epoch), checkpoint
+(``checkpoints/ckpt-<step>`` through ``tf.train.CheckpointManager``, at
+epoch ends and every ``checkpoint_every`` steps), evaluate (epoch ends,
+with a `trainer.evaluator.Evaluator`) and profile (``--profile_steps``).
+The history of every epoch travels inside the checkpoint, so
+``metrics.json`` after a resume holds the whole run.
 
-* `build`: the model and optimizer (compiled, so the export loads ready to
-  use), inside ``strategy.scope()``;
-* `Evaluator`: exact evaluation of the padded, weighted eval stream with its
-  own metrics, so ``test_loss`` means one thing in both loops: the mean
-  cross-entropy over the real test examples (no L2 term, padding excluded),
-  and ``test_examples`` is counted (the sum of weights), not computed;
-* `Controller`: restores the latest checkpoint, and decides when to log
-  (TensorBoard ``logs/train``: ``loss``, ``accuracy``, ``examples_per_second``
-  every ``log_every`` steps and at epoch ends; ``logs/validation``: ``loss``,
-  ``accuracy`` per epoch), checkpoint (``checkpoints/ckpt-<step>`` through
-  ``tf.train.CheckpointManager``, at epoch ends and every
-  ``checkpoint_every`` steps), evaluate (epoch ends) and profile
-  (``--profile_steps``). The history of every epoch travels inside the
-  checkpoint, so ``metrics.json`` after a resume holds the whole run.
-
-The inner loops call `Controller.next_stop` (custom loop: how far one call
-may run), `Controller.after_train` (after each call) and
-`Controller.end_epoch`. ``Model.fit`` decides its own call boundaries, so
-the Keras loop reaches the same decisions at the end of the call that
-crosses a boundary.
+* Custom loop: `Controller.train` is the outer loop. It picks the next stop
+  (`Controller.next_stop`: the next log, checkpoint, profiler or epoch
+  boundary), has the inner loop (`trainer.custom_loop.CustomLoop`, an
+  `InnerLoop`) run that many steps, then acts on the boundary it reached
+  (`Controller.after_train`, `Controller.end_epoch`).
+* Keras loop: ``Model.fit`` owns its loop and decides its own call
+  boundaries, so `trainer.keras_loop` hands fit's boundaries to the same
+  `after_train` and `end_epoch`, which reach the same decisions at the end
+  of the call that crosses a boundary.
 """
 
 from __future__ import annotations
@@ -32,16 +28,17 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Mapping
+from typing import Mapping, Protocol
 
 import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 import tf_keras as keras
 
-import mnist_contract as contract
 from mnist_contract import join_path
-from trainer import checks, data, model as model_lib, outputs
-from trainer.config import TrainConfig, TrainerError, summarize_error
+from trainer import outputs
+from trainer.config import TrainConfig
+from trainer.evaluator import Evaluator
+from trainer.errors import TrainerError, summarize_error
 
 log = logging.getLogger(__name__)
 
@@ -50,60 +47,14 @@ _STATE_KEY = f"{STATE_NAME}/.ATTRIBUTES/VARIABLE_VALUE"
 HISTORY_KEYS = ("train_loss", "train_accuracy", "test_loss", "test_accuracy")
 
 
-def build(config: TrainConfig, strategy: tf.distribute.Strategy,
-          total_steps: int) -> tuple[keras.Model, keras.optimizers.Optimizer]:
-    """The model and its optimizer (built, so a restore fills every slot)."""
-    with strategy.scope():
-        model = model_lib.build_model(config.model, augment=config.augment)
-        optimizer = model_lib.make_optimizer(config.learning_rate, config.lr_schedule,
-                                             total_steps, config.warmup_steps)
-        optimizer.build(model.trainable_variables)
-        model.compile(optimizer=optimizer,
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
-                      steps_per_execution=config.steps_per_execution,
-                      jit_compile=config.jit_compile)
-    return model, optimizer
+class InnerLoop(Protocol):
+    """What `Controller.train` drives (Orbit's ``StandardTrainer`` shape)."""
 
+    def train(self, iterator, steps: int) -> Mapping:
+        """Runs ``steps`` training steps; returns the running epoch loss/accuracy."""
 
-class Evaluator:
-    """Weighted accuracy, cross-entropy and example count over one eval pass."""
-
-    def __init__(self, strategy: tf.distribute.Strategy, model: keras.Model,
-                 dataset, steps: int, *, expected_examples: int, origin: str):
-        self.strategy, self.model, self.steps = strategy, model, steps
-        # Every pass must count exactly the examples `origin` (the manifest) lists.
-        self.expected_examples, self.origin = expected_examples, origin
-        with strategy.scope():
-            self.metrics = {
-                "accuracy": keras.metrics.SparseCategoricalAccuracy(),
-                "xent": keras.metrics.SparseCategoricalCrossentropy(from_logits=True),
-            }
-            self.count = keras.metrics.Sum()
-        # One iterator for the run: the stream repeats in whole passes.
-        self.iterator = iter(dataset)
-
-    def _step(self, batch):
-        logits = self.model(batch[contract.IMAGE_KEY], training=False)
-        weights = batch[data.WEIGHT_KEY]
-        for metric in self.metrics.values():
-            metric.update_state(batch[contract.LABEL_KEY], logits, sample_weight=weights)
-        self.count.update_state(weights)
-
-    @tf.function
-    def _run(self, iterator, steps):
-        for _ in tf.range(steps):
-            self.strategy.run(self._step, args=(next(iterator),))
-
-    def __call__(self) -> dict:
-        for metric in (*self.metrics.values(), self.count):
-            metric.reset_state()
-        self._run(self.iterator, tf.constant(self.steps))
-        counted = int(round(float(self.count.result())))
-        checks.check_eval_count(counted, self.expected_examples, self.origin)
-        return {"test_loss": float(self.metrics["xent"].result()),
-                "test_accuracy": float(self.metrics["accuracy"].result()),
-                "test_examples": counted}
+    def reset(self) -> None:
+        """Starts the next epoch's running loss/accuracy."""
 
 
 def _crossed(before: int, after: int, every: int) -> bool:
@@ -165,10 +116,22 @@ class Controller:
         self._profile(self.step)  # --profile_steps=1,N: from the first step
         return self.start_step
 
+    # -- the outer loop (custom loop) -----------------------------------------
+    def train(self, inner: InnerLoop, iterator) -> None:
+        """Trains from the current step to the end of the last epoch, one
+        boundary at a time: ``inner`` runs the steps, the controller acts."""
+        while self.step < self.total_steps:
+            step = self.next_stop(self.step)
+            logs = inner.train(iterator, step - self.step)
+            self.after_train(step, logs)
+            if step % self.steps_per_epoch == 0:
+                self.end_epoch(step, logs)
+                inner.reset()
+
     # -- decisions -------------------------------------------------------------
     def next_stop(self, step: int) -> int:
-        """The furthest step one call may run to: the next log, checkpoint,
-        profiler or epoch boundary."""
+        """The furthest step one inner-loop call may run to: the next log,
+        checkpoint, profiler or epoch boundary."""
         c = self.config
         stop = min(self.total_steps, (step // self.steps_per_epoch + 1) * self.steps_per_epoch,
                    (step // c.log_every + 1) * c.log_every)
@@ -180,7 +143,8 @@ class Controller:
         return stop
 
     def after_train(self, step: int, logs: Mapping) -> None:
-        """After a call that trained up to ``step``; ``logs``: running epoch loss/accuracy."""
+        """After an inner-loop call (or a fit call) that trained up to ``step``;
+        ``logs``: running epoch loss/accuracy."""
         before, self.step = self.step, step
         epoch_end = step % self.steps_per_epoch == 0
         if _crossed(before, step, self.config.log_every) or epoch_end:

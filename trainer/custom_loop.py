@@ -1,9 +1,12 @@
 """The custom inner loop (the guide's "custom training loop").
 
 Why a second loop: it shows, and lets you control, what ``Model.fit`` does
-under a strategy. Only the steps are here; model, optimizer, restore,
-evaluation, logging, checkpoints and export come from the shared skeleton
-(`trainer.controller`), as for the Keras loop.
+under a strategy. Only the steps are here, in the shape of Orbit's
+``StandardTrainer``: `CustomLoop.train` runs the number of steps it is
+given and returns the running epoch metrics. The outer loop (how many steps
+each call runs, and the logging, checkpoints, evaluation and profiling at
+each boundary) is `trainer.controller.Controller.train`; model, optimizer,
+restore and export come from the shared skeleton as for the Keras loop.
 
 * ``_train_step`` runs on every replica via ``strategy.run``. The loss is
   ``tf.nn.compute_average_loss(per_example, global_batch_size=...)`` (each
@@ -28,9 +31,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 import mnist_contract as contract
-from trainer import data
 from trainer.config import TrainConfig
-from trainer.controller import Controller
 
 
 class CustomLoop:
@@ -73,8 +74,9 @@ class CustomLoop:
     def _train_one(self, iterator):
         self.strategy.run(self.replica_step, args=(next(iterator),))
 
-    def train(self, iterator, steps: int) -> None:
-        """Runs ``steps`` training steps, ``steps_per_execution`` per call."""
+    def train(self, iterator, steps: int) -> Mapping:
+        """Runs ``steps`` training steps, ``steps_per_execution`` per call;
+        returns the running epoch metrics (`logs`)."""
         chunk = self.config.steps_per_execution
         done = 0
         while done < steps:
@@ -84,6 +86,7 @@ class CustomLoop:
             else:
                 self._train_steps(iterator, tf.constant(n))
             done += n
+        return self.logs()
 
     def logs(self) -> Mapping:
         """The running epoch means, as Keras reports them; read only when used."""
@@ -109,19 +112,3 @@ class _Logs(Mapping):
     def __len__(self):
         return len(self._metrics)
 
-
-def train(config: TrainConfig, strategy: tf.distribute.Strategy, model: keras.Model,
-          optimizer, controller: Controller, train_split: data.SplitFiles) -> None:
-    """Trains from the controller's step to the end of the last epoch."""
-    loop = CustomLoop(config, strategy, model, optimizer)
-    step, spe = controller.step, controller.steps_per_epoch
-    dataset, _ = data.train_input(strategy, train_split, config, start_step=step)
-    iterator = iter(dataset)
-    while step < controller.total_steps:
-        stop = controller.next_stop(step)
-        loop.train(iterator, stop - step)
-        step = stop
-        controller.after_train(step, loop.logs())
-        if step % spe == 0:
-            controller.end_epoch(step, loop.logs())
-            loop.reset()

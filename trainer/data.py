@@ -4,8 +4,9 @@ Everything here goes through ``tf.io.gfile`` and ``tf.data``, never ``open``
 or ``os.path``, so the same code reads a local directory, ``gs://`` on a TPU
 VM, or TF's in-memory ``ram://`` filesystem (which the tests use to prove it).
 
-Two builders hand a loop ``(distributed dataset, steps)``: `train_input`
-(steps per epoch) and `eval_input` (steps per evaluation pass). Each gives
+Two builders hand a loop a distributed dataset: `train_input` (endless; an
+epoch is `steps_per_epoch` steps) and `eval_input` (with the steps of one
+evaluation pass). Each gives
 ``strategy.distribute_datasets_from_function`` a ``dataset_fn`` that
 TensorFlow calls once per input pipeline (one per host/worker), building the
 batches of that pipeline's replicas with `train_dataset` / `eval_dataset`
@@ -55,7 +56,8 @@ import tensorflow as tf
 import mnist_contract as contract
 from mnist_contract import examples
 from trainer import checks
-from trainer.config import TrainConfig, TrainerError, summarize_error
+from trainer.config import TrainConfig
+from trainer.errors import TrainerError, summarize_error
 
 log = logging.getLogger(__name__)
 
@@ -161,8 +163,10 @@ def eval_steps(counts: Sequence[int], global_batch_size: int, num_replicas: int,
                for n in pipeline_example_counts(counts, num_pipelines))
 
 
-def _parse_batch(serialized: tf.Tensor, image_format: str) -> dict[str, tf.Tensor]:
-    """Vectorized parse + decode + normalize of a batch of serialized Examples."""
+def decode_batch(serialized: tf.Tensor, image_format: str) -> dict[str, tf.Tensor]:
+    """Vectorized parse + decode of a batch of serialized Examples: uint8
+    images ``[n, 28, 28, 1]``, labels and indices (`trainer.predict` feeds
+    these pixels to the export as they are)."""
     feats = tf.io.parse_example(serialized, examples.parse_spec())
     raw = feats[contract.IMAGE_KEY]
     if image_format == "raw":
@@ -171,12 +175,19 @@ def _parse_batch(serialized: tf.Tensor, image_format: str) -> dict[str, tf.Tenso
         pixels = tf.map_fn(
             lambda s: tf.io.decode_png(s, channels=contract.IMAGE_CHANNELS),
             raw, fn_output_signature=tf.TensorSpec(None, tf.uint8))
-    images = tf.reshape(pixels, (-1,) + contract.IMAGE_SHAPE)
-    labels = feats[contract.LABEL_KEY]
+    return {contract.IMAGE_KEY: tf.reshape(pixels, (-1,) + contract.IMAGE_SHAPE),
+            contract.LABEL_KEY: feats[contract.LABEL_KEY],
+            contract.INDEX_KEY: feats[contract.INDEX_KEY]}
+
+
+def _parse_batch(serialized: tf.Tensor, image_format: str) -> dict[str, tf.Tensor]:
+    """`decode_batch`, images normalized to [0, 1] and every row weighted 1."""
+    batch = decode_batch(serialized, image_format)
+    labels = batch[contract.LABEL_KEY]
     return {
-        contract.IMAGE_KEY: tf.cast(images, tf.float32) / 255.0,
+        contract.IMAGE_KEY: tf.cast(batch[contract.IMAGE_KEY], tf.float32) / 255.0,
         contract.LABEL_KEY: labels,
-        contract.INDEX_KEY: feats[contract.INDEX_KEY],
+        contract.INDEX_KEY: batch[contract.INDEX_KEY],
         WEIGHT_KEY: tf.ones_like(labels, tf.float32),
     }
 
@@ -318,13 +329,13 @@ def _finish(ds: tf.data.Dataset, postprocess: Postprocess) -> tf.data.Dataset:
 
 def train_input(strategy: tf.distribute.Strategy, split: SplitFiles, config: TrainConfig,
                 *, start_step: int = 0, postprocess: Postprocess = None):
-    """``(distributed train dataset, steps per epoch)`` for ``strategy``.
+    """The distributed (endless) train dataset for ``strategy``.
 
     ``postprocess`` maps each batch dict (image, label, index, weight) to
     the form a loop wants; ``start_step`` resumes a seeded stream. Without a
-    seed a resumed run draws a fresh shuffle.
+    seed a resumed run draws a fresh shuffle. The steps of an epoch are
+    `steps_per_epoch`.
     """
-    steps = steps_per_epoch(split, config)
     if start_step and config.seed is None:
         log.info("split %r: resuming at step %d without --seed: a fresh shuffle",
                  split.name, start_step)
@@ -336,7 +347,7 @@ def train_input(strategy: tf.distribute.Strategy, split: SplitFiles, config: Tra
                                      cache=config.cache, seed=config.seed,
                                      shuffle_buffer=config.shuffle_buffer,
                                      start_step=start_step), postprocess)
-    return strategy.distribute_datasets_from_function(dataset_fn), steps
+    return strategy.distribute_datasets_from_function(dataset_fn)
 
 
 def eval_input(strategy: tf.distribute.Strategy, split: SplitFiles, config: TrainConfig,

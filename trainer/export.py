@@ -32,6 +32,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 import mnist_contract as contract
+from trainer import _compat
 from trainer.augment import RandomAffine
 
 SIGNATURE_INPUT = "images"
@@ -40,7 +41,7 @@ SIGNATURE_INPUT = "images"
 def _strategy_of(model: keras.Model) -> tf.distribute.Strategy:
     """The strategy the model's variables were created under (for compile)."""
     for variable in model.variables:
-        strategy = getattr(variable, "_distribute_strategy", None)
+        strategy = _compat.variable_strategy(variable)
         if strategy is not None:
             return strategy
     return tf.distribute.get_strategy()

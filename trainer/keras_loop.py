@@ -1,14 +1,17 @@
 """The Keras inner loop: ``Model.fit`` with ``steps_per_execution``.
 
-``compile(steps_per_execution=N)`` (done in `trainer.controller.build`)
+``compile(steps_per_execution=N)`` (done in `trainer.model.build`)
 makes Keras run N steps inside one ``tf.function`` call; on a TPU that
 removes a host round trip per step (the "Use TPUs" guide reports ~1.5x),
 and on CPU it removes Python and dispatch overhead.
 
-Everything else comes from the shared skeleton: a callback hands each
-call's end to the `trainer.controller.Controller`, which logs,
-checkpoints, evaluates and profiles exactly as for the custom loop (fit gets
-no validation data and no TensorBoard or checkpoint callbacks of its own).
+Everything else comes from the shared skeleton. Fit owns its loop, so the
+controller cannot drive it as it drives the custom loop
+(`trainer.controller.Controller.train`); instead a thin callback adapter
+hands each call's end, and each epoch's, to the same
+`trainer.controller.Controller` decisions, which log, checkpoint, evaluate
+and profile exactly as for the custom loop (fit gets no validation data and
+no TensorBoard or checkpoint callbacks of its own).
 
 Resuming mid-epoch: fit's epochs all have ``steps_per_epoch`` steps, so a
 run restored at step s inside epoch e first fits the rest of epoch e alone,
@@ -67,7 +70,7 @@ def train(config: TrainConfig, strategy: tf.distribute.Strategy, model: keras.Mo
     hooks = [*progress, _Hooks(controller), *callbacks]
 
     def fit(start: int, first_epoch: int, epochs: int, steps: int) -> None:
-        dataset, _ = data.train_input(strategy, train_split, config, start_step=start,
+        dataset = data.train_input(strategy, train_split, config, start_step=start,
                                       postprocess=keras_batch)
         model.fit(dataset, initial_epoch=first_epoch, epochs=epochs,
                   steps_per_epoch=steps, callbacks=hooks, verbose=config.verbose)

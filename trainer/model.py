@@ -9,6 +9,7 @@
   cosine learning-rate schedule (`make_optimizer`).
 
 All are built by `build_model`, which must run inside ``strategy.scope()``
+(`build` makes the model and its optimizer there)
 so that variables are created as mirrored/TPU variables. Under the
 ``mixed_bfloat16`` policy the layers compute in bfloat16 (the TPU's native
 matmul type) while the last layer is forced to float32, so logits, the
@@ -20,25 +21,26 @@ the uint8 → [0, 1] step so that served models take raw pixels.
 from __future__ import annotations
 
 import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
+import tensorflow as tf
 import tf_keras as keras
 
 import mnist_contract as contract
 from trainer.augment import RandomAffine
-from trainer.config import TrainerError
+from trainer.config import TrainConfig
+from trainer.errors import TrainerError
+from trainer.names import MODELS, PRECISIONS, SCHEDULES
 
 # (conv filters, conv filters, dense units, dense units)
 GUIDE_WIDTHS = {
     "guide": (256, 256, 256, 128),  # tensorflow.org/guide/tpu
     "small": (8, 8, 32, 32),
 }
-MODELS = (*GUIDE_WIDTHS, "convnet")
-SCHEDULES = ("constant", "cosine")
 L2 = 1e-5  # the guide's kernel_regularizer
 
 
 def set_precision(mixed_precision: str) -> None:
     """Sets Keras' global dtype policy (``'bfloat16'`` → mixed_bfloat16)."""
-    policies = {"none": "float32", "bfloat16": "mixed_bfloat16"}
+    policies = dict(zip(PRECISIONS, ("float32", "mixed_bfloat16")))
     if mixed_precision not in policies:
         raise TrainerError(f"unknown --mixed_precision {mixed_precision!r}")
     keras.mixed_precision.set_global_policy(policies[mixed_precision])
@@ -86,6 +88,27 @@ def build_model(name: str = "small", *, augment: bool = False) -> keras.Model:
     return keras.Sequential(
         [keras.layers.Input(shape=contract.IMAGE_SHAPE, name="image"), *head, *body],
         name=f"mnist_{name}")
+
+
+def build(config: TrainConfig, strategy: tf.distribute.Strategy,
+          total_steps: int) -> tuple[keras.Model, keras.optimizers.Optimizer]:
+    """The model and its optimizer, inside ``strategy.scope()``.
+
+    The optimizer is built (its slots exist), so a checkpoint restore fills
+    every slot; the model is compiled (with ``steps_per_execution`` for the
+    Keras loop), so the export loads ready to use.
+    """
+    with strategy.scope():
+        model = build_model(config.model, augment=config.augment)
+        optimizer = make_optimizer(config.learning_rate, config.lr_schedule,
+                                   total_steps, config.warmup_steps)
+        optimizer.build(model.trainable_variables)
+        model.compile(optimizer=optimizer,
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
+                      steps_per_execution=config.steps_per_execution,
+                      jit_compile=config.jit_compile)
+    return model, optimizer
 
 
 def make_optimizer(learning_rate: float, schedule: str, total_steps: int,

@@ -8,9 +8,9 @@ uint8 pixels in, ``probabilities`` and ``class`` out.
   white digit on black like MNIST. One line per file:
   ``FILE class=7 probability=0.9991``.
 * ``--data=DIR --split=test [--limit=N]``: the conversion job's output,
-  read through the data contract (`mnist_contract`: manifest, feature spec)
-  and ``tf.data``, so a ``gs://`` prefix works too. One line per example
-  (``index=12 label=7 class=7 probability=0.9991``), then
+  read by the trainer's own input code (`trainer.data`: manifest, file
+  checks, decoding) and ``tf.data``, so a ``gs://`` prefix works too. One
+  line per example (``index=12 label=7 class=7 probability=0.9991``), then
   ``accuracy=0.9870 (987/1000) on split test``.
 
 Every path goes through ``tf.io.gfile``. Bad input (no export, a file that
@@ -29,17 +29,16 @@ import numpy as np
 import tensorflow as tf
 
 import mnist_contract as contract
-from mnist_contract import examples
-from trainer.config import TrainerError, summarize_error
+from trainer import data, outputs
+from trainer.errors import TrainerError, summarize_error
 from trainer.export import SIGNATURE_INPUT
 
-EXPORT = "export"
 BATCH = 256
 
 
 def load_signature(model_dir: str):
     """The export's ``serving_default`` function."""
-    path = contract.join_path(model_dir, EXPORT)
+    path = contract.join_path(model_dir, outputs.EXPORT)
     if not tf.io.gfile.exists(contract.join_path(path, "saved_model.pb")):
         raise TrainerError(f"{path}: no SavedModel (train with --model_dir={model_dir} first)")
     try:
@@ -63,13 +62,13 @@ def read_png(path: str) -> np.ndarray:
     """A 28x28x1 uint8 image from a PNG file."""
     try:
         with tf.io.gfile.GFile(path, "rb") as f:
-            data = f.read()
+            blob = f.read()
     except tf.errors.OpError as e:
         raise TrainerError(f"{path}: cannot read ({summarize_error(e)})") from None
-    if not data.startswith(b"\x89PNG\r\n\x1a\n"):
+    if not blob.startswith(b"\x89PNG\r\n\x1a\n"):
         raise TrainerError(f"{path}: not a PNG file")
     try:
-        image = tf.io.decode_png(data, channels=contract.IMAGE_CHANNELS).numpy()
+        image = tf.io.decode_png(blob, channels=contract.IMAGE_CHANNELS).numpy()
     except tf.errors.OpError as e:
         raise TrainerError(f"{path}: cannot decode the PNG ({summarize_error(e)})") from None
     if image.shape != contract.IMAGE_SHAPE:
@@ -79,42 +78,16 @@ def read_png(path: str) -> np.ndarray:
 
 
 def split_batches(data_dir: str, split: str, limit: Optional[int]) -> Iterator[dict]:
-    """Batches of ``{image uint8 [n,28,28,1], label, index}`` of one split, in file order."""
-    manifest_path = contract.join_path(data_dir, contract.MANIFEST_FILE)
-    journal = contract.join_path(data_dir, contract.PUBLISH_JOURNAL_FILE)
-    try:
-        if tf.io.gfile.exists(journal):  # mid-publish: files may mix two datasets
-            raise TrainerError(contract.interrupted_publish_message(journal, b""))
-        with tf.io.gfile.GFile(manifest_path, "r") as f:
-            manifest = contract.Manifest.from_json(f.read(), origin=manifest_path)
-        info = manifest.split(split)
-    except tf.errors.NotFoundError:
-        raise TrainerError(f"{manifest_path}: not found (not a complete pipeline output)") \
-            from None
-    except tf.errors.OpError as e:
-        raise TrainerError(f"{manifest_path}: cannot read ({summarize_error(e)})") from None
-    except contract.ContractError as e:
-        raise TrainerError(f"{manifest_path}: {e}") from None
-    files = [contract.join_path(data_dir, shard.file) for shard in info.shards]
-    fmt = manifest.image_format
+    """Batches of ``{image uint8 [n,28,28,1], label, index}`` of one split, in file order.
 
-    def parse(serialized):
-        feats = tf.io.parse_example(serialized, examples.parse_spec())
-        raw = feats[contract.IMAGE_KEY]
-        if fmt == "raw":
-            pixels = tf.io.decode_raw(raw, tf.uint8)
-        else:
-            pixels = tf.map_fn(
-                lambda s: tf.io.decode_png(s, channels=contract.IMAGE_CHANNELS),
-                raw, fn_output_signature=tf.TensorSpec(None, tf.uint8))
-        return {contract.IMAGE_KEY: tf.reshape(pixels, (-1,) + contract.IMAGE_SHAPE),
-                contract.LABEL_KEY: feats[contract.LABEL_KEY],
-                contract.INDEX_KEY: feats[contract.INDEX_KEY]}
-
-    ds = tf.data.TFRecordDataset(files, compression_type=manifest.tf_compression_type)
+    The manifest, the split's files and the decoding are the trainer's own
+    (`trainer.data`), so predictions see exactly the pixels training saw.
+    """
+    files = data.split_files(data_dir, data.load_manifest(data_dir), split)
+    ds = tf.data.TFRecordDataset(list(files.files), compression_type=files.compression_type)
     if limit is not None:
         ds = ds.take(limit)
-    ds = ds.batch(BATCH).map(parse).prefetch(1)
+    ds = ds.batch(BATCH).map(lambda s: data.decode_batch(s, files.image_format)).prefetch(1)
     try:
         for batch in ds:
             yield {k: v.numpy() for k, v in batch.items()}
@@ -171,9 +144,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except TrainerError as e:
         sys.stdout.flush()
         print(f"error: {e}", file=sys.stderr)
-        return 1
-    if total == 0:
-        print(f"error: {args.data}: split {args.split!r} has no examples", file=sys.stderr)
         return 1
     print(f"accuracy={correct / total:.4f} ({correct}/{total}) on split {args.split}")
     return 0

@@ -26,7 +26,8 @@ from typing import Optional, Sequence
 import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 
-from trainer.config import TrainerError, summarize_error
+from trainer import _compat
+from trainer.errors import TrainerError, summarize_error
 
 log = logging.getLogger(__name__)
 
@@ -106,12 +107,10 @@ def make_strategy(kind: str = "auto", tpu: Optional[str] = None,
     ``auto``: a TPU when there are signs of one (``--tpu``, ``TPU_NAME``, TPU
     device files), else all GPUs (Mirrored), else several workers when
     ``TF_CONFIG`` is set, else the default (single-device) strategy.
-    ``cpu_replicas > 0`` (with auto or mirrored) mirrors over that many
-    logical CPU devices instead.
+    ``cpu_replicas > 0`` mirrors over that many logical CPU devices instead
+    (`trainer.config.TrainConfig` accepts it only with auto or mirrored).
     """
     if cpu_replicas:
-        if kind not in ("auto", "mirrored"):
-            raise TrainerError(f"--cpu_replicas works with auto or mirrored, not {kind}")
         devices = split_cpu(cpu_replicas)
         log.info("MirroredStrategy over %d logical CPU devices", len(devices))
         return mirrored(devices)
@@ -149,7 +148,7 @@ def make_strategy(kind: str = "auto", tpu: Optional[str] = None,
 
 def is_multi_worker(strategy: tf.distribute.Strategy) -> bool:
     """Whether training spans several worker processes (collectives between them)."""
-    return bool(getattr(strategy.extended, "_in_multi_worker_mode", lambda: False)())
+    return _compat.in_multi_worker_mode(strategy)
 
 
 def is_chief(strategy: tf.distribute.Strategy) -> bool:
@@ -159,8 +158,7 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
     chief is task ``chief`` or, without one, ``worker`` 0.
     """
     resolver = getattr(strategy, "cluster_resolver", None)
-    if resolver is None or not getattr(strategy.extended, "_in_multi_worker_mode",
-                                       lambda: False)():
+    if resolver is None or not is_multi_worker(strategy):
         return True
     task_type, task_id = resolver.task_type, resolver.task_id
     if task_type is None or task_type == "chief":
@@ -182,8 +180,7 @@ def public_name(strategy: tf.distribute.Strategy) -> str:
                       (tf.distribute.MirroredStrategy, "MirroredStrategy")):
         if isinstance(strategy, cls):
             return name
-    name = type(strategy).__name__
-    return "default" if name == "_DefaultDistributionStrategy" else name
+    return "default" if _compat.is_default_strategy(strategy) else type(strategy).__name__
 
 
 def num_hosts(strategy: tf.distribute.Strategy) -> int:

@@ -30,7 +30,9 @@ from mnist_contract import join_path
 from trainer import checks, controller as controller_lib, custom_loop, data, export
 from trainer import keras_loop
 from trainer import model as model_lib, outputs, strategy as strategy_lib
-from trainer.config import TrainConfig, TrainerError, summarize_error
+from trainer.evaluator import Evaluator
+from trainer.config import TrainConfig
+from trainer.errors import TrainerError, summarize_error
 
 log = logging.getLogger(__name__)
 
@@ -53,15 +55,49 @@ def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict
     ``callbacks`` are extra Keras callbacks (Keras loop only).
     """
     checks.check_model_dir(config.model_dir)
-    manifest = data.load_manifest(config.data)
-    manifest_path = join_path(config.data, contract.MANIFEST_FILE)
-    train_files = data.split_files(config.data, manifest, "train")
-    test_files = data.split_files(config.data, manifest, "test")
-
+    splits = _read_splits(config)
     # Before any tf.data work: a CPU split or a multi-worker strategy must be
     # set up before TensorFlow's runtime starts.
     strategy = strategy_lib.make_strategy(config.strategy, config.tpu, config.cpu_replicas)
-    for split in (train_files, test_files):
+    steps_per_epoch = _check_inputs(config, strategy, splits)
+    if config.loop == "custom" and callbacks:
+        raise TrainerError("Keras callbacks need --loop=keras")
+    if config.seed is not None:
+        # Initial weights (and Python/NumPy randomness); the input order is
+        # seeded in `trainer.data`.
+        tf_keras.utils.set_random_seed(config.seed)
+    checks.check_model_dir(config.model_dir, create=True)
+    result = _run_with_errors(config, strategy, splits, steps_per_epoch, callbacks)
+    metrics = {
+        "loop": config.loop,
+        "strategy": strategy_lib.public_name(strategy),
+        "replicas": strategy.num_replicas_in_sync,
+        "global_batch_size": config.global_batch_size,
+        "epochs": config.epochs,
+        "steps_per_epoch": steps_per_epoch,
+        "train_examples": result["train_steps"] * config.global_batch_size,
+        **result,
+    }
+    outputs.write_metrics(config.model_dir, metrics, strategy)
+    return metrics
+
+
+def _read_splits(config: TrainConfig) -> tuple[data.SplitFiles, data.SplitFiles]:
+    """The manifest's train and test files, each checked to exist with its size."""
+    manifest = data.load_manifest(config.data)
+    return (data.split_files(config.data, manifest, "train"),
+            data.split_files(config.data, manifest, "test"))
+
+
+def _check_inputs(config: TrainConfig, strategy: tf.distribute.Strategy,
+                  splits: Sequence[data.SplitFiles]) -> int:
+    """Checks the records' format and the batch split; logs the run's shape.
+
+    Returns the steps per epoch.
+    """
+    train_files, test_files = splits
+    manifest_path = join_path(config.data, contract.MANIFEST_FILE)
+    for split in splits:
         checks.check_image_format(split.files[0], split.image_format,
                                   split.compression_type, manifest_path)
     replicas = strategy.num_replicas_in_sync
@@ -74,19 +110,18 @@ def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict
              test_files.num_examples, steps_per_epoch, config.global_batch_size,
              config.global_batch_size // replicas, config.global_batch_size // hosts,
              hosts)
-    if config.loop == "custom" and callbacks:
-        raise TrainerError("Keras callbacks need --loop=keras")
+    return steps_per_epoch
 
-    if config.seed is not None:
-        # Initial weights (and Python/NumPy randomness); the input order is
-        # seeded in `trainer.data`.
-        tf_keras.utils.set_random_seed(config.seed)
+
+def _run_with_errors(config: TrainConfig, strategy: tf.distribute.Strategy,
+                     splits: Sequence[data.SplitFiles], steps_per_epoch: int,
+                     callbacks: Sequence) -> dict:
+    """`_run` under the precision policy, its failures as `TrainerError` lines."""
     model_lib.set_precision(config.mixed_precision)
-    checks.check_model_dir(config.model_dir, create=True)
     try:
-        metrics = _run(config, strategy, train_files, test_files, steps_per_epoch, callbacks)
+        return _run(config, strategy, *splits, steps_per_epoch, callbacks)
     except tf.errors.DataLossError as e:
-        raise _corrupt_data_error(e, (train_files, test_files)) from None
+        raise _corrupt_data_error(e, splits) from None
     except (tf.errors.UnavailableError, tf.errors.AbortedError,
             tf.errors.CancelledError) as e:
         if not strategy_lib.is_multi_worker(strategy):
@@ -99,27 +134,13 @@ def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict
     finally:
         model_lib.set_precision("none")
 
-    metrics = {
-        "loop": config.loop,
-        "strategy": strategy_lib.public_name(strategy),
-        "replicas": replicas,
-        "global_batch_size": config.global_batch_size,
-        "epochs": config.epochs,
-        "steps_per_epoch": steps_per_epoch,
-        "train_examples": metrics["train_steps"] * config.global_batch_size,
-        **metrics,
-    }
-    outputs.write_metrics(config.model_dir, metrics, strategy)
-    return metrics
-
 
 def _run(config: TrainConfig, strategy: tf.distribute.Strategy, train_files: data.SplitFiles,
          test_files: data.SplitFiles, steps_per_epoch: int, callbacks: Sequence) -> dict:
     """The skeleton: build, restore, train (inner loop), evaluate, export."""
-    model, optimizer = controller_lib.build(config, strategy,
-                                            config.epochs * steps_per_epoch)
+    model, optimizer = model_lib.build(config, strategy, config.epochs * steps_per_epoch)
     test_ds, eval_steps = data.eval_input(strategy, test_files, config)
-    evaluator = controller_lib.Evaluator(
+    evaluator = Evaluator(
         strategy, model, test_ds, eval_steps, expected_examples=test_files.num_examples,
         origin=join_path(config.data, contract.MANIFEST_FILE))
     controller = controller_lib.Controller(
@@ -131,13 +152,23 @@ def _run(config: TrainConfig, strategy: tf.distribute.Strategy, train_files: dat
         if config.loop == "keras":
             keras_loop.train(config, strategy, model, controller, train_files, callbacks)
         else:
-            custom_loop.train(config, strategy, model, optimizer, controller, train_files)
+            _train_custom(config, strategy, model, optimizer, controller, train_files)
         result = controller.finish()
     finally:
         controller.close()
     export.export_model(model, outputs.write_dir(config.model_dir, outputs.EXPORT, strategy))
     outputs.discard_scratch(config.model_dir, strategy)
     return result
+
+
+def _train_custom(config: TrainConfig, strategy: tf.distribute.Strategy,
+                  model: tf_keras.Model, optimizer, controller: controller_lib.Controller,
+                  train_files: data.SplitFiles) -> None:
+    """The custom inner loop on a train stream resumed at the controller's
+    step, driven by the controller's outer loop."""
+    loop = custom_loop.CustomLoop(config, strategy, model, optimizer)
+    dataset = data.train_input(strategy, train_files, config, start_step=controller.step)
+    controller.train(loop, iter(dataset))
 
 
 def _collective_reason(error: tf.errors.OpError) -> str:

@@ -18,6 +18,7 @@ import mnist_contract as contract
 from tests import trainer_data
 from trainer import __main__ as cli
 from trainer import checks, data
+from trainer.errors import TrainerError
 
 TRAIN = ["--epochs=1", "--global_batch_size=8", "--steps_per_execution=2", "--verbose=0"]
 
@@ -209,7 +210,7 @@ def test_each_input_pipeline_verifies_only_its_own_files(tmp_path, monkeypatch):
     data.verify_pipeline_files(split, ctx0)  # not its file: no error
     ctx1 = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=1,
                                       num_replicas_in_sync=2)
-    with pytest.raises(checks.TrainerError, match=f"^{split.files[1]}: sha256 "):
+    with pytest.raises(TrainerError, match=f"^{split.files[1]}: sha256 "):
         data.verify_pipeline_files(split, ctx1)
 
 

@@ -1,0 +1,31 @@
+"""The trainer's expected failure, and how a TensorFlow error becomes one line.
+
+Imports neither TensorFlow nor Keras, so the configuration (`trainer.config`)
+can raise `TrainerError` while ``--help`` and bad flags answer at once.
+"""
+
+from __future__ import annotations
+
+import re
+
+
+class TrainerError(Exception):
+    """An expected failure (bad input, missing file, no TPU...).
+
+    The message is one line that names the file or setting at fault; the
+    command line prints it without a traceback.
+    """
+
+
+def summarize_error(error: BaseException, limit: int = 160) -> str:
+    """The gist of a (TensorFlow) exception, fit for one line.
+
+    Drops TF's ``{{function_node ...}}`` prefixes and ``[Op:...]`` suffixes
+    and keeps the first sentence of the first line.
+    """
+    text = getattr(error, "message", None) or str(error) or type(error).__name__
+    line = text.strip().splitlines()[0] if text.strip() else type(error).__name__
+    line = re.sub(r"\{\{[^}]*\}\}\s*", "", line)
+    line = re.sub(r"\s*\[Op:.*$", "", line).strip()
+    line = line.split(". ")[0]
+    return line[:limit] or type(error).__name__

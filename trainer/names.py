@@ -1,0 +1,10 @@
+"""The names of the models, learning-rate schedules and precisions.
+
+`trainer.config` offers them as flag choices and `trainer.model` builds
+them; both import them from here, which needs no TensorFlow, so ``--help``
+lists them without loading it.
+"""
+
+MODELS = ("guide", "small", "convnet")
+SCHEDULES = ("constant", "cosine")
+PRECISIONS = ("none", "bfloat16")
