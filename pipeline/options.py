@@ -229,9 +229,10 @@ def shuffle_mode(shuffle: str, runner: str | None) -> str:
 def parse(argv: Sequence[str]) -> Options:
     """The run's `Options`, or a one-line `FlagError` / `PipelineInputError`.
 
-    ``--help`` exits here. The job's flags and credentials are checked
-    before Beam is imported (`FlagError`, then credentials); Beam's flags,
-    the runner and ``--source`` after (`PipelineInputError`).
+    ``--help`` exits here. The job's flags, then credentials, are checked
+    before Beam is imported, so either answers in seconds; a missing
+    credential is reported before the Dataflow checks, which would only name
+    its symptoms. Beam's flags, the runner and ``--source`` come after.
     """
     args, beam_args = parse_job_flags(argv)
     splits = check_values(args)
