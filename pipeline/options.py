@@ -305,7 +305,7 @@ def convert_options_class():
         def _add_argparse_args(cls, parser):
             add_job_arguments(parser)
 
-    ConvertOptions.__module__ = __name__
+    ConvertOptions.__module__, ConvertOptions.__qualname__ = __name__, "ConvertOptions"
     return ConvertOptions
 
 

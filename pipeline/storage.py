@@ -1,8 +1,11 @@
 """The job's only file I/O: local paths and ``gs://`` through Beam's FileSystems.
 
-Every module that reads, writes, lists or removes files does it through
-these functions, so each is written once and bytes are always read and
-written as stored (no decompression by file extension).
+Sources, shards, spill files, metadata and the publish all read, write,
+list and remove files through these functions, so each is written once and
+bytes are always read and written as stored (no decompression by file
+extension). Only the output's lock (`pipeline.publish.lock`) goes to the
+disk or the GCS client itself: it needs conditional creates and rewrites,
+which FileSystems does not offer.
 
 Beam's GCS client works against a local GCS API server when
 ``STORAGE_EMULATOR_HOST`` is set. Such a server takes no Google credentials,

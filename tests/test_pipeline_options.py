@@ -1,6 +1,8 @@
 """The job's options (`pipeline.options`): one definition of the flags, parsed once
 into one `Options`, values no run could use refused with one line."""
 
+import pickle
+
 import apache_beam as beam
 import pytest
 from apache_beam.options.pipeline_options import DirectOptions, GoogleCloudOptions
@@ -104,6 +106,8 @@ def test_one_definition_for_argparse_and_beam():
     assert conv.target_shard_mb == 2.5 and conv.min_shards == 3
     parsed = run_options("--target_shard_mb=2.5", "--min_shards=3")
     assert parsed.target_bytes == 2_500_000 and parsed.min_shards == 3
+    # Defined on first use, yet found by name, as pickling (Dataflow) needs.
+    assert pickle.loads(pickle.dumps(ConvertOptions)) is ConvertOptions
 
 
 def test_beam_flags_pass_and_unknown_flags_are_found():
