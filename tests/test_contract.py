@@ -239,3 +239,19 @@ def test_manifest_round_trip_and_validation():
         contract.Manifest.from_json("{", "m.json")
     with pytest.raises(contract.ContractError, match="split 'test' not in manifest"):
         manifest.split("test")
+
+
+# --- Record sizes ------------------------------------------------------------
+
+@pytest.mark.parametrize("image_format, tolerance", [("raw", 0.0), ("png", 0.02)])
+def test_record_sizes_match_real_digits(image_format, tolerance):
+    """`RECORD_SIZES`: no real record is below the smallest, and the typical is their mean."""
+    from tests.helpers import real_digits
+    images, labels = real_digits(2000)
+    indices = np.arange(50_000, 52_000)  # at MNIST's indices, as the full train split has
+    encoded = wire.encode_examples({contract.IMAGE_KEY: images, contract.LABEL_KEY: labels,
+                                    contract.INDEX_KEY: indices}, image_format)
+    sizes = np.array([len(record) for record in framing.frame_records(encoded)])
+    size = contract.RECORD_SIZES[image_format]
+    assert sizes.min() >= size.smallest
+    assert abs(sizes.mean() / size.typical - 1) <= tolerance, sizes.mean()
