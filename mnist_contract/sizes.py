@@ -30,7 +30,7 @@ class RecordSize:
 RECORD_SIZES = {
     # A raw image is always 784 bytes; label, index and the Example's own
     # structure add the rest. The typical size is exact for indices from
-    # 16,384 up (most of MNIST), one or two bytes more than below.
+    # 16,384 up (most of MNIST); records below are one or two bytes smaller.
     "raw": RecordSize(smallest=FRAMING_BYTES + IMAGE_BYTES + 20, typical=856),
     # The smallest valid 28x28 grayscale PNG is about 60 bytes; real digits
     # take about 180-460 bytes framed, 346 on average.
