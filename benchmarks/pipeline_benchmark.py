@@ -32,8 +32,8 @@ sys.path.insert(0, str(REPO))
 
 import mnist_contract as contract
 
-from pipeline import idx  # noqa: E402
-from pipeline.sources import SampleSource  # noqa: E402
+from pipeline.source import idx  # noqa: E402
+from pipeline.source.sources import SampleSource  # noqa: E402
 
 RECORD_BYTES = 856  # a raw-format synthetic record with its TFRecord framing
 

@@ -18,7 +18,7 @@ import tensorflow as tf  # noqa: E402
 import numpy as np  # noqa: E402
 
 from mnist_contract import wire  # noqa: E402
-from pipeline import idx  # noqa: E402
+from pipeline.source import idx  # noqa: E402
 
 BATCH = 10_000
 

@@ -23,7 +23,7 @@ Each record is a serialized ``tf.train.Example`` with the features of
     index  int64   the example's position in its source split (stable key)
 """
 
-from mnist_contract.manifest import (MIN_RECORD_BYTES, Manifest, ShardInfo,  # noqa: F401
-                                     SplitInfo, max_plausible_examples)
+from mnist_contract.manifest import Manifest, ShardInfo, SplitInfo  # noqa: F401
+from mnist_contract.sizes import RECORD_SIZES, max_plausible_examples  # noqa: F401
 from mnist_contract.spec import *  # noqa: F401,F403
 from mnist_contract.spec import ContractError  # noqa: F401

@@ -16,8 +16,6 @@ from typing import BinaryIO, Iterator, Optional, Sequence
 import google_crc32c
 import numpy as np
 
-# Bytes TFRecord framing adds to each record: length, its CRC, data CRC.
-RECORD_OVERHEAD = 16
 HEADER_BYTES = 12
 _CRC_MASK_DELTA = 0xA282EAD8
 

@@ -18,13 +18,8 @@ from typing import Any, Mapping
 from mnist_contract.spec import (COMPRESSIONS, DATASET_NAME, IMAGE_FORMATS,
                                  MANIFEST_FILE, MANIFEST_VERSION, ContractError,
                                  feature_spec_description, parse_shard_filename)
+from mnist_contract.sizes import max_plausible_examples
 
-# Smallest possible framed record per image format: 16 bytes of TFRecord
-# framing plus the smallest serialized Example (a raw image is 784 bytes, the
-# smallest valid 28x28 grayscale PNG about 60). Gzip can shrink data at most
-# ~1032x (deflate's limit), which bounds compressed shards.
-MIN_RECORD_BYTES = {"raw": 16 + 784 + 20, "png": 16 + 60}
-_GZIP_MAX_RATIO = 1032
 _SHA256_RE = re.compile(r"[0-9a-f]{64}")
 
 
@@ -52,12 +47,6 @@ class SplitInfo:
     @property
     def files(self) -> list[str]:
         return [s.file for s in self.shards]
-
-
-def max_plausible_examples(num_bytes: int, image_format: str, compression: str) -> int:
-    """The most records a shard of ``num_bytes`` stored bytes can hold."""
-    stored = num_bytes * (_GZIP_MAX_RATIO if compression == "gzip" else 1)
-    return stored // MIN_RECORD_BYTES[image_format]
 
 
 @dataclasses.dataclass(frozen=True)

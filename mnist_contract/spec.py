@@ -2,7 +2,7 @@
 
 `FEATURES` is the one statement of the record schema. The encoder and
 decoder (`mnist_contract.examples`), the trainer's ``tf.io.parse_example``
-spec, TFDS's ``features.json`` (`pipeline.metadata`) and the manifest's
+spec, TFDS's ``features.json`` (`pipeline.publish.metadata`) and the manifest's
 human-readable ``features`` entry are all derived from it, so a change here
 reaches every reader and writer at once. Standard library only.
 """

@@ -1,15 +1,16 @@
 """``python -m pipeline --output=... [--source=...] [Beam options]``.
 
-The job's own flags are parsed and checked before Beam or TensorFlow is
-imported, so ``--help`` and bad values answer at once.
+The command line is parsed once (`pipeline.options.parse`): the job's own
+flags are checked before Beam or TensorFlow is imported, so ``--help`` and
+bad values answer at once; the job then runs with the parsed options.
 """
 
 import logging
 import re
 import sys
 
-from pipeline import console, credentials, flags
-from pipeline.errors import PipelineError, PipelineInputError
+from pipeline import console, options
+from pipeline.errors import PipelineError, PipelineInputError, failure_summary
 
 
 class _DropInputErrorTracebacks(logging.Filter):
@@ -21,47 +22,47 @@ class _DropInputErrorTracebacks(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if record.levelno >= logging.ERROR:  # a storage failure: one error line too
-            from pipeline.storage import failure_summary
             if failure_summary(exc or RuntimeError(record.getMessage())):
                 return False
         return not (isinstance(exc, PipelineInputError)
                     or "PipelineInputError" in record.getMessage())
 
 
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    try:
-        job_args, beam_args = flags.parse(argv)
-        flags.check_values(job_args)
-        what = credentials.needs_google(
-            [job_args.output, job_args.source, *flags.beam_locations(beam_args)],
-            flags.beam_runner(beam_args))
-        if what:
-            credentials.check(what)
-    except (flags.FlagError, PipelineInputError) as e:
-        flags.print_error(str(e))
-        return 2
+def _configure_logging() -> None:
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(message)s")
     for handler in logging.getLogger().handlers:
         handler.addFilter(_DropInputErrorTracebacks())
     logging.getLogger("apache_beam").setLevel(logging.WARNING)
     logging.getLogger("tensorflow").setLevel(logging.WARNING)
-    if job_args.source == "tfds":
+
+
+def _print_error(error: Exception) -> int:
+    """One line ``error: ...`` (without Beam's step name), exit status 2."""
+    options.print_error(re.sub(r" \[while running '[^']*'\]$", "", str(error)))
+    return 2
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    _configure_logging()
+    try:
+        run_options = options.parse(argv)
+    except (options.FlagError, PipelineInputError) as e:
+        return _print_error(e)
+    if run_options.source == "tfds":
         console.import_tensorflow_quietly()  # TFDS reads through TensorFlow
     else:
         console.set_tensorflow_log_level()  # records are encoded without TensorFlow
     from pipeline import job
     try:
-        manifest = job.run(argv)
+        manifest = job.run(run_options)
     except PipelineError as e:
-        message = re.sub(r" \[while running '[^']*'\]$", "", str(e))
-        print(f"error: {message}", file=sys.stderr)
-        return 2
+        return _print_error(e)
     for name, split in sorted(manifest.splits.items()):
         print(f"{name}: {split.num_examples} examples in {len(split.shards)} "
               f"shard(s) of ~{split.num_bytes // len(split.shards):,} bytes -> "
-              f"{flags.parse(argv)[0].output}")
+              f"{run_options.output}")
     return 0
 
 

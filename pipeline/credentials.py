@@ -33,6 +33,13 @@ def needs_google(paths, runner: str | None) -> str | None:
     return None
 
 
+def require(paths, runner: str | None) -> None:
+    """Raises a one-line PipelineInputError if ``paths`` or ``runner`` need credentials none provide."""
+    what = needs_google(paths, runner)
+    if what:
+        check(what)
+
+
 def check(what: str, wait_s: float = WAIT_S) -> None:
     """Raises a one-line PipelineInputError naming the fix if no credentials are found."""
     found: dict = {}

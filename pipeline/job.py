@@ -1,9 +1,9 @@
-"""The conversion job: options, the Beam run, then an all-or-nothing finalize.
+"""The conversion job: the Beam run of one `pipeline.options.Options`, then an all-or-nothing finalize.
 
-The graph itself is in `pipeline.transforms`. Only after the runner reports
-success does `finalize` move the shards under their final names and write the
-metadata, manifest last. A failed or killed run leaves an earlier dataset at
-the output untouched.
+The graph itself is in `pipeline.shard.transforms`. Only after the runner
+reports success does `finalize` move the shards under their final names and
+write the metadata, manifest last. A failed or killed run leaves an earlier
+dataset at the output untouched.
 """
 
 from __future__ import annotations
@@ -14,65 +14,25 @@ from typing import Sequence
 
 import apache_beam as beam
 from apache_beam.metrics.metric import MetricsFilter
-from apache_beam.options.pipeline_options import (GoogleCloudOptions,
-                                                  PipelineOptions,
-                                                  StandardOptions)
 
 import mnist_contract as contract
 
-from pipeline import credentials, flags, progress, storage, transforms
+from pipeline import options as job_options
+from pipeline import progress, storage
 from pipeline.errors import PipelineInputError, StorageError, as_pipeline_error
-from pipeline.metadata import tfds_metadata_files
-from pipeline.options import ConvertOptions, unknown_flags
-from pipeline.output import OutputLayout, finalize, prepare_output, remove_temp
-from pipeline.sources import announce, parse_source
-
-# Runners Beam ships but does not know by their short name.
-RUNNER_ALIASES = {"DaskRunner": "apache_beam.runners.dask.dask_runner.DaskRunner"}
+from pipeline.options import Options
+from pipeline.publish.output import OutputLayout, finalize, prepare_output, remove_temp
+from pipeline.shard import transforms
+from pipeline.shard.config import SHARDS
+from pipeline.source.sources import announce
 
 
-def _check_options(conv: ConvertOptions, options: PipelineOptions,
-                   argv: Sequence[str]) -> list[str]:
-    """The splits to convert, once every flag is known and every value usable."""
+def _check_sharding(options: Options) -> None:
+    source = options.data_source
     try:
-        splits = flags.check_values(conv)
-        _, beam_args = flags.parse(argv)
-    except flags.FlagError as e:
-        raise PipelineInputError(str(e)) from None
-    if len(set(splits)) != len(splits):
-        raise PipelineInputError(f"--splits={conv.splits}: a split is named twice")
-    runner = options.view_as(StandardOptions).runner or ""
-    try:
-        unknown = unknown_flags(beam_args, runner)
-    except (ValueError, ImportError) as e:
-        raise PipelineInputError(f"--runner={runner}: {e}") from None
-    if unknown:
-        raise PipelineInputError(
-            f"unknown flag(s) {' '.join(unknown)}: neither a job option nor a "
-            "Beam option (see python -m pipeline --help)")
-    if "Dataflow" in runner:
-        if not conv.output.startswith("gs://"):
-            raise PipelineInputError(
-                f"{conv.output}: Dataflow workers need a gs:// --output")
-        if not options.view_as(GoogleCloudOptions).temp_location:
-            raise PipelineInputError("Dataflow needs --temp_location=gs://...")
-    return splits
-
-
-def _check_credentials(conv: ConvertOptions, options: PipelineOptions) -> None:
-    """gs:// or Dataflow without Google credentials: one line now, not minutes later."""
-    gcp = options.view_as(GoogleCloudOptions)
-    what = credentials.needs_google(
-        (conv.output, conv.source, gcp.temp_location, gcp.staging_location),
-        options.view_as(StandardOptions).runner)
-    if what:
-        credentials.check(what)
-
-
-def _check_sharding(conv: ConvertOptions, source, splits: Sequence[str]) -> None:
-    try:
-        flags.check_sharding(conv, {s: source.estimated_examples(s) for s in splits})
-    except flags.FlagError as e:
+        job_options.check_sharding(
+            options, {s: source.estimated_examples(s) for s in options.splits})
+    except job_options.FlagError as e:
         raise PipelineInputError(str(e)) from None
 
 
@@ -94,54 +54,55 @@ def _report_counters(result, splits: Sequence[str]) -> dict[str, int]:
         counters[counter.key.metric.name] = counters.get(counter.key.metric.name, 0) + value
     for split in splits:
         logging.debug("%s: read %d examples, wrote %d examples in %d bytes", split,
-                     counters.get(f"{split}_examples_read", 0),
-                     counters.get(f"{split}_examples_written", 0),
-                     counters.get(f"{split}_bytes_written", 0))
+                      counters.get(f"{split}_examples_read", 0),
+                      counters.get(f"{split}_examples_written", 0),
+                      counters.get(f"{split}_bytes_written", 0))
     return counters
 
 
-def run(argv: Sequence[str]) -> contract.Manifest:
+def run(options: Options) -> contract.Manifest:
     """Runs the whole job and returns the manifest of what it wrote."""
     held: list[OutputLayout] = []
     try:
-        return _run(argv, held)
+        return _run(options, held)
     finally:
         for layout in held:  # the output's lock, whatever happened
             layout.release()
 
 
-def _run(argv: Sequence[str], held: list) -> contract.Manifest:
+def _run(options: Options, held: list) -> contract.Manifest:
     storage.configure_gcs()
-    options = PipelineOptions(list(argv))
-    conv = options.view_as(ConvertOptions)
-    standard = options.view_as(StandardOptions)
-    if not standard.runner:
-        standard.runner = "DirectRunner"  # Beam's default (Prism) needs a download
-    standard.runner = RUNNER_ALIASES.get(standard.runner, standard.runner)
-    splits = _check_options(conv, options, argv)
-    _check_credentials(conv, options)
-    source = parse_source(conv.source, conv.download_cache_dir, conv.tfds_data_dir)
-    announce(source)
-    source.check()
-    _check_sharding(conv, source, splits)
-
-    run_id = uuid.uuid4().hex[:12]
-    layout = prepare_output(conv.output, run_id, overwrite=conv.overwrite, splits=splits,
-                            options={"image_format": conv.image_format,
-                                     "compression": conv.compression,
-                                     "shuffle_salt": conv.shuffle_salt,
-                                     "source": source.description})
+    announce(options.data_source)
+    options.data_source.check()
+    _check_sharding(options)
+    layout = prepare_output(options, uuid.uuid4().hex[:12])
     held.append(layout)
-    shuffle = conv.shuffle_mode(standard.runner)
-    logging.info("Writing %s into temporary folder %s (shuffle: %s)", ",".join(splits),
-                 layout.temp_dir, shuffle)
+    logging.info("Writing %s into temporary folder %s (shuffle: %s)",
+                 ",".join(options.splits), layout.temp_dir, options.shuffle_mode)
+    result = _run_beam(options, layout)
+    counters = _report_counters(result, options.splits)
+    manifest = finalize(layout, options)
+    for split in options.splits:
+        written = counters.get(f"{split}_examples_written")
+        if written is not None and written != manifest.split(split).num_examples:
+            raise RuntimeError(f"{split}: counters say {written} examples written "
+                               f"but the manifest lists {manifest.split(split).num_examples}")
+    return manifest
+
+
+def _run_beam(options: Options, layout: OutputLayout):
+    """Runs the graph into the layout's temp folder; on failure, one-line errors.
+
+    The temp folder is removed after a failure, unless storage itself is
+    failing (the next run removes it then).
+    """
     try:
         settings = transforms.ConvertSettings.from_options(
-            conv, source, splits, layout.temp_dir, layout.shard_list_path)
-        p = beam.Pipeline(options=options)
-        _ = p | "Convert" >> transforms.convert(settings, shuffle)
+            options, layout.temp_dir, layout.shard_list_path)
+        p = beam.Pipeline(options=options.beam)
+        _ = p | "Convert" >> transforms.convert(settings, options.shuffle_mode)
         with progress.ProgressLogger(layout.temp_dir,
-                                     flags.RECORD_BYTES_ESTIMATE[conv.image_format]):
+                                     SHARDS.record_bytes(options.image_format)):
             result = p.run()  # the local runners return only when done
             state = result.wait_until_finish()
         if state != "DONE":
@@ -156,12 +117,4 @@ def _run(argv: Sequence[str], held: list) -> contract.Manifest:
         if known is None:
             raise
         raise known from e
-    counters = _report_counters(result, splits)
-    manifest = finalize(layout, conv, source.description,
-                        lambda m: tfds_metadata_files(m, conv.output, source.description))
-    for split in splits:
-        written = counters.get(f"{split}_examples_written")
-        if written is not None and written != manifest.split(split).num_examples:
-            raise RuntimeError(f"{split}: counters say {written} examples written "
-                               f"but the manifest lists {manifest.split(split).num_examples}")
-    return manifest
+    return result

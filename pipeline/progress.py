@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
 import time
 from typing import Mapping
 
 import mnist_contract as contract
 
+from pipeline import storage
+from pipeline.shard.config import MB, SHARDS, SPILL_DIR
+
 INTERVAL_S = 3.0
-MB = 1_000_000
-SPILL_DIR = "spill"
-SPILL_INDEX_BYTES = 20  # a spill file's footer holds each record's key and length
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +54,7 @@ def describe(before: Snapshot, now: Snapshot, seconds: float, record_bytes: int)
     """One progress line; record counts are estimated from bytes."""
     parts = []
     if now.spill_bytes:
-        encoded = now.spill_bytes // (record_bytes + SPILL_INDEX_BYTES)
+        encoded = now.spill_bytes // (record_bytes + SHARDS.spill_index_bytes)
         parts.append(f"~{encoded:,} records encoded")
     plural = "" if now.shard_files == 1 else "s"
     parts.append(f"{now.shard_files:,} shard file{plural} written so far "
@@ -65,28 +64,11 @@ def describe(before: Snapshot, now: Snapshot, seconds: float, record_bytes: int)
     return "Progress: " + ", ".join(parts)
 
 
-def _local_sizes(folder: str) -> dict[str, int]:
-    sizes = {}
-    for root, _, files in os.walk(folder):
-        for name in files:
-            path = os.path.join(root, name)
-            try:
-                sizes[os.path.relpath(path, folder).replace(os.sep, "/")] = \
-                    os.stat(path).st_size
-            except OSError:
-                pass  # removed while listing
-    return sizes
-
-
-def _remote_sizes(folder: str) -> dict[str, int]:
-    from apache_beam.io.filesystems import FileSystems
-    prefix = folder.rstrip("/") + "/"
-    result = FileSystems.match([prefix + "**"])[0]
-    return {m.path[len(prefix):]: m.size_in_bytes for m in result.metadata_list}
-
-
 class ProgressLogger:
-    """Logs a progress line every ``interval_s`` while the ``with`` block runs."""
+    """Logs a progress line every ``interval_s`` while the ``with`` block runs.
+
+    ``record_bytes``: a typical framed record (`ShardConfig.record_bytes`).
+    """
 
     def __init__(self, temp_dir: str, record_bytes: int, interval_s: float | None = None):
         self._temp_dir = temp_dir
@@ -96,9 +78,8 @@ class ProgressLogger:
         self._thread = threading.Thread(target=self._run, name="progress", daemon=True)
 
     def _snapshot(self) -> Snapshot:
-        list_sizes = _remote_sizes if "://" in self._temp_dir else _local_sizes
         try:
-            return summarize(list_sizes(self._temp_dir))
+            return summarize(storage.sizes_under(self._temp_dir))
         except Exception:  # a listing that fails now is retried next time
             return Snapshot()
 

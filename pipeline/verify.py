@@ -56,15 +56,13 @@ def verify(output: str) -> contract.Manifest:
             raise VerificationError(
                 f"{manifest_path}: split {split_name!r} indices are not exactly "
                 f"0..{split.num_examples - 1} (lost or duplicated examples)")
-    prefix = output.rstrip("/") + "/"
-    for path in storage.list_dir(output):
-        name = path[len(prefix):]
-        if "/" not in name and name not in listed:
-            try:
-                contract.parse_shard_filename(name)
-            except contract.ContractError:
-                continue
-            raise VerificationError(f"{path}: shard file not listed in the manifest")
+    for name in sorted(storage.top_level(output) - listed):
+        try:
+            contract.parse_shard_filename(name)
+        except contract.ContractError:
+            continue
+        raise VerificationError(f"{contract.join_path(output, name)}: shard file not "
+                                "listed in the manifest")
     return manifest
 
 
@@ -145,13 +143,11 @@ def main(argv=None) -> int:
                "problem'), 2 bad arguments.")
     parser.add_argument("output", help="dataset folder or gs://bucket/prefix")
     args = parser.parse_args(argv)
-    what = credentials.needs_google([args.output], None)
-    if what:
-        try:
-            credentials.check(what)
-        except PipelineInputError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 1
+    try:
+        credentials.require([args.output], None)
+    except PipelineInputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     console.import_tensorflow_quietly()
     try:
         manifest = verify(args.output)

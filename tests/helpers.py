@@ -32,7 +32,7 @@ def real_digits(count: int, offset: int = 0) -> tuple[np.ndarray, np.ndarray]:
 def write_idx_split(folder: Path, split: str, images: np.ndarray,
                     labels: np.ndarray, *, images_bytes: bytes | None = None,
                     labels_bytes: bytes | None = None) -> None:
-    from pipeline import idx
+    from pipeline.source import idx
     images_name, labels_name = idx.MNIST_FILES[split]
     folder.mkdir(parents=True, exist_ok=True)
     (folder / images_name).write_bytes(
@@ -41,6 +41,12 @@ def write_idx_split(folder: Path, split: str, images: np.ndarray,
     (folder / labels_name).write_bytes(
         labels_bytes if labels_bytes is not None
         else gzip.compress(idx.encode_idx(labels), mtime=0))
+
+
+def run_job(argv):
+    """Runs the conversion job in this process on ``argv``, parsed as the command line parses it."""
+    from pipeline import job, options
+    return job.run(options.parse(argv))
 
 
 def free_port() -> int:

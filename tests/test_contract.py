@@ -68,7 +68,7 @@ def test_manifest_feature_description_follows_the_spec():
 
 
 def test_tfds_features_follow_the_spec():
-    from pipeline.metadata import tfds_features
+    from pipeline.publish.metadata import tfds_features
     for image_format in contract.IMAGE_FORMATS:
         features = tfds_features(image_format)
         assert list(features.keys()) == list(contract.FEATURE_NAMES)
@@ -210,3 +210,48 @@ def test_shard_names_are_matched_whole():
         contract.parse_shard_filename("mnist-train.tfrecord-00000-of-00001\n")
     assert contract.parse_shard_filename("mnist-train.tfrecord-00000-of-00001") == (
         "mnist", "train", 0, 1)
+
+
+# --- Shard names and the manifest ------------------------------------------
+
+def test_shard_names():
+    name = contract.shard_filename("train", 3, 12)
+    assert name == "mnist-train.tfrecord-00003-of-00012"
+    assert contract.parse_shard_filename(name) == ("mnist", "train", 3, 12)
+    with pytest.raises(contract.ContractError):
+        contract.parse_shard_filename("mnist-train.tfrecord-3-of-12")
+
+
+def _manifest(shards):
+    return contract.Manifest("mnist", "raw", "none", {
+        "train": contract.SplitInfo("train", tuple(shards))})
+
+
+def test_manifest_round_trip_and_validation():
+    shards = [contract.ShardInfo(contract.shard_filename("train", i, 2), 5, 5000, "ab" * 32)
+              for i in range(2)]
+    manifest = _manifest(shards)
+    parsed = contract.Manifest.from_json(manifest.to_json())
+    assert parsed == manifest and parsed.split("train").num_examples == 10
+    with pytest.raises(contract.ContractError, match=r"^m\.json: split 'train' lists"):
+        contract.Manifest.from_json(_manifest(shards[:1]).to_json(), "m.json")
+    with pytest.raises(contract.ContractError, match="not valid JSON"):
+        contract.Manifest.from_json("{", "m.json")
+    with pytest.raises(contract.ContractError, match="split 'test' not in manifest"):
+        manifest.split("test")
+
+
+# --- Record sizes ------------------------------------------------------------
+
+@pytest.mark.parametrize("image_format, tolerance", [("raw", 0.0), ("png", 0.02)])
+def test_record_sizes_match_real_digits(image_format, tolerance):
+    """`RECORD_SIZES`: no real record is below the smallest, and the typical is their mean."""
+    from tests.helpers import real_digits
+    images, labels = real_digits(2000)
+    indices = np.arange(50_000, 52_000)  # at MNIST's indices, as the full train split has
+    encoded = wire.encode_examples({contract.IMAGE_KEY: images, contract.LABEL_KEY: labels,
+                                    contract.INDEX_KEY: indices}, image_format)
+    sizes = np.array([len(record) for record in framing.frame_records(encoded)])
+    size = contract.RECORD_SIZES[image_format]
+    assert sizes.min() >= size.smallest
+    assert abs(sizes.mean() / size.typical - 1) <= tolerance, sizes.mean()

@@ -165,7 +165,7 @@ def test_project_wheel_carries_both_packages_and_their_dependencies(tmp_path):
         metadata = zf.read(f"{WHEEL.split('-py3')[0]}.dist-info/METADATA")
     for package in PYPROJECT["tool"]["setuptools"]["packages"]:
         expected = {p.relative_to(REPO).as_posix() for p in
-                    (REPO / package).rglob("*.py")
+                    (REPO / package.replace(".", "/")).rglob("*.py")
                     if "__pycache__" not in p.parts}
         assert expected and expected <= names
     requires = [line.split(":", 1)[1] for line in

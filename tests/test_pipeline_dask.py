@@ -15,8 +15,8 @@ import pytest
 
 pytest.importorskip("distributed", reason="needs the dask extra: pip install '.[dask]'")
 
-from pipeline import job  # noqa: E402
-from tests.helpers import REPO, free_port  # noqa: E402
+
+from tests.helpers import REPO, free_port, run_job  # noqa: E402
 
 
 def snapshot(folder):
@@ -66,8 +66,8 @@ def dask_cluster(tmp_path):
 @pytest.mark.slow
 def test_dask_runner_writes_what_direct_runner_writes(tmp_path, idx_dir, dask_cluster):
     flags = [f"--source={idx_dir}", "--min_shards=3", "--allow_extreme_sharding"]
-    direct = job.run([*flags, f"--output={tmp_path / 'direct'}", "--runner=DirectRunner"])
-    dask = job.run([*flags, f"--output={tmp_path / 'dask'}", "--runner=DaskRunner",
+    direct = run_job([*flags, f"--output={tmp_path / 'direct'}", "--runner=DirectRunner"])
+    dask = run_job([*flags, f"--output={tmp_path / 'dask'}", "--runner=DaskRunner",
                     f"--dask_client_address={dask_cluster.removeprefix('tcp://')}",
                     "--shuffle=beam"])
     assert dask == direct

@@ -14,10 +14,11 @@ import threading
 
 import pytest
 
-from pipeline import credentials, download, progress
+from pipeline import credentials, progress
+from pipeline.source import download
 from pipeline.__main__ import main
 from pipeline.errors import PipelineInputError
-from tests.helpers import REPO
+from tests.helpers import REPO, run_job
 
 FIX = ("run `gcloud auth application-default login`, or set "
        "GOOGLE_APPLICATION_CREDENTIALS to a service account key file")
@@ -167,10 +168,10 @@ def test_progress_summary_from_the_temp_folder():
 
 
 def test_a_run_logs_progress_while_it_works(tmp_path, monkeypatch, caplog):
-    from pipeline import job
+
     monkeypatch.setattr(progress, "INTERVAL_S", 0.2)
     caplog.set_level(logging.INFO)
-    job.run(["--source=synthetic:30000", "--splits=train", f"--output={tmp_path}/out",
+    run_job(["--source=synthetic:30000", "--splits=train", f"--output={tmp_path}/out",
              "--runner=DirectRunner"])
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Progress:")]
     assert len(lines) >= 2, lines

@@ -16,11 +16,11 @@ import pytest
 
 import mnist_contract as contract
 
-from pipeline import job, storage
+from pipeline import storage
 from pipeline.errors import StorageError
 from pipeline.verify import main as verify_main
 from pipeline.verify import verify
-from tests.helpers import EMULATOR_BUCKET, REPO, GcsEmulator, free_port
+from tests.helpers import EMULATOR_BUCKET, REPO, GcsEmulator, free_port, run_job
 
 SYNTHETIC = 60_000  # about 6 s of work on the local runner: time to interrupt it
 # On gs:// (the emulator) the job runs slower: half as many records leave it
@@ -56,9 +56,9 @@ def final_files(names):
 
 
 def test_multi_process_workers_write_identical_files(tmp_path, idx_dir):
-    job.run([f"--source={idx_dir}", f"--output={tmp_path}/one", "--min_shards=3",
+    run_job([f"--source={idx_dir}", f"--output={tmp_path}/one", "--min_shards=3",
              "--allow_extreme_sharding"])
-    job.run([f"--source={idx_dir}", f"--output={tmp_path}/two", "--min_shards=3",
+    run_job([f"--source={idx_dir}", f"--output={tmp_path}/two", "--min_shards=3",
              "--allow_extreme_sharding",
              "--direct_num_workers=2", "--direct_running_mode=multi_processing"])
     one = {p.name: p.read_bytes() for p in (tmp_path / "one").iterdir()}
@@ -69,7 +69,7 @@ def test_multi_process_workers_write_identical_files(tmp_path, idx_dir):
 @pytest.mark.slow
 def test_sigkill_mid_write_local(tmp_path, idx_dir):
     out = tmp_path / "out"
-    job.run([f"--source={idx_dir}", f"--output={out}"])
+    run_job([f"--source={idx_dir}", f"--output={out}"])
     before = {p.name: p.read_bytes() for p in out.iterdir()}
 
     process = start_job(out, "--overwrite")
@@ -160,9 +160,9 @@ def test_storage_dies_mid_job_then_rerun_completes(tmp_path):
 def test_crash_while_finalizing_never_publishes_a_manifest(tmp_path, idx_dir,
                                                            monkeypatch, failing):
     """Finalize dies at any of its moves: readers must see no dataset."""
-    from pipeline import output
+    from pipeline.publish import output
     out = tmp_path / "out"
-    job.run([f"--source={idx_dir}", f"--output={out}", "--min_shards=2",
+    run_job([f"--source={idx_dir}", f"--output={out}", "--min_shards=2",
              "--allow_extreme_sharding"])
     real_rename = output.storage.rename
 
@@ -173,9 +173,9 @@ def test_crash_while_finalizing_never_publishes_a_manifest(tmp_path, idx_dir,
 
     monkeypatch.setattr(output.storage, "rename", rename)
     with pytest.raises(StorageError, match="disk went away.*no complete dataset"):
-        job.run([f"--source={idx_dir}", f"--output={out}", "--overwrite"])
+        run_job([f"--source={idx_dir}", f"--output={out}", "--overwrite"])
     assert not (out / contract.MANIFEST_FILE).exists()
     assert verify_main([str(out)]) == 1  # "manifest.json: missing"
     monkeypatch.setattr(output.storage, "rename", real_rename)
-    manifest = job.run([f"--source={idx_dir}", f"--output={out}", "--overwrite"])
+    manifest = run_job([f"--source={idx_dir}", f"--output={out}", "--overwrite"])
     assert verify(str(out)) == manifest

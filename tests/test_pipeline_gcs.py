@@ -11,9 +11,9 @@ import pytest
 import mnist_contract as contract
 from mnist_contract import examples, framing
 
-from pipeline import job
+
 from pipeline.errors import PipelineInputError
-from tests.helpers import EMULATOR_BUCKET
+from tests.helpers import EMULATOR_BUCKET, run_job
 
 
 def bucket_files(client, prefix):
@@ -24,7 +24,7 @@ def bucket_files(client, prefix):
 def test_job_writes_into_gcs_bucket(gcs_emulator, idx_dir, digits):
     prefix = f"datasets/{uuid.uuid4().hex[:8]}"
     output = f"gs://{EMULATOR_BUCKET}/{prefix}"
-    manifest = job.run([f"--source={idx_dir}", f"--output={output}",
+    manifest = run_job([f"--source={idx_dir}", f"--output={output}",
                         "--runner=DirectRunner", "--min_shards=2",
                         "--allow_extreme_sharding"])
     files = bucket_files(gcs_emulator.client(), prefix)
@@ -48,7 +48,7 @@ def test_job_writes_into_gcs_bucket(gcs_emulator, idx_dir, digits):
     assert json.loads(files["dataset_info.json"])["name"] == "mnist"
 
     with pytest.raises(PipelineInputError, match=f"{output}: already holds a dataset"):
-        job.run([f"--source={idx_dir}", f"--output={output}", "--runner=DirectRunner"])
+        run_job([f"--source={idx_dir}", f"--output={output}", "--runner=DirectRunner"])
     assert bucket_files(gcs_emulator.client(), prefix) == files
 
 
@@ -57,6 +57,6 @@ def test_source_files_read_from_gcs(gcs_emulator, idx_dir, tmp_path, digits):
     bucket = gcs_emulator.client().bucket(EMULATOR_BUCKET)
     for path in idx_dir.iterdir():
         bucket.blob(f"{prefix}/{path.name}").upload_from_filename(str(path))
-    manifest = job.run([f"--source=gs://{EMULATOR_BUCKET}/{prefix}",
+    manifest = run_job([f"--source=gs://{EMULATOR_BUCKET}/{prefix}",
                         f"--output={tmp_path}/out", "--runner=DirectRunner"])
     assert manifest.split("train").num_examples == len(digits["train"][1])

@@ -15,16 +15,17 @@ from apache_beam.testing.util import assert_that, equal_to
 import mnist_contract as contract
 from mnist_contract import examples
 
-from pipeline import idx, job
+from pipeline.source import idx
 from pipeline.__main__ import main
 from pipeline.errors import PipelineInputError
+from tests import helpers
 from tests.helpers import REPO, write_idx_split
 
 
 def run_job(source, output, *flags):
     """The job on tiny data: several shards of it are far below 1 MB."""
-    return job.run([f"--source={source}", f"--output={output}",
-                    "--runner=DirectRunner", "--allow_extreme_sharding", *flags])
+    return helpers.run_job([f"--source={source}", f"--output={output}",
+                            "--runner=DirectRunner", "--allow_extreme_sharding", *flags])
 
 
 def read_split(output, manifest, split):

@@ -11,11 +11,12 @@ import uuid
 
 import pytest
 
-from pipeline import job, lock
+from pipeline import options
+from pipeline.publish import lock
 from pipeline.errors import PipelineInputError
-from pipeline.output import prepare_output
+from pipeline.publish.output import prepare_output
 from pipeline.verify import verify
-from tests.helpers import EMULATOR_BUCKET, REPO
+from tests.helpers import EMULATOR_BUCKET, REPO, run_job
 
 HOLDER = re.compile(r"locked by run (\w+) \(host (\S+), pid (\d+), started "
                     r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ, heartbeat \d+s ago\)")
@@ -131,12 +132,12 @@ def test_stale_temp_folders_removed_only_under_the_lock(tmp_path, caplog):
     (out / ".incomplete-full" / "spill" / "x").write_bytes(b"1")
     live = lock.acquire(str(out), "live")
     with pytest.raises(PipelineInputError, match="locked by run live"):
-        prepare_output(str(out), "next", overwrite=False)
+        prepare_output(options.parse([f"--output={out}"]), "next")
     assert sorted(p.name for p in out.iterdir()) == [
         ".incomplete-empty", ".incomplete-full", ".lock"]
     live.release()
     with caplog.at_level(logging.WARNING):
-        layout = prepare_output(str(out), "next", overwrite=False)
+        layout = prepare_output(options.parse([f"--output={out}"]), "next")
     layout.release()
     assert sorted(p.name for p in out.iterdir()) == [".incomplete-next"]
     assert caplog.text.count("left by an earlier run") == 2
@@ -144,10 +145,10 @@ def test_stale_temp_folders_removed_only_under_the_lock(tmp_path, caplog):
 
 def test_job_releases_its_lock_on_success_and_failure(tmp_path, idx_dir):
     out = tmp_path / "out"
-    job.run([f"--source={idx_dir}", f"--output={out}"])
+    run_job([f"--source={idx_dir}", f"--output={out}"])
     assert not (out / lock.LOCK_FILE).exists()
     with pytest.raises(PipelineInputError, match="already holds a dataset"):
-        job.run([f"--source={idx_dir}", f"--output={out}"])
+        run_job([f"--source={idx_dir}", f"--output={out}"])
     assert not (out / lock.LOCK_FILE).exists()
 
 
@@ -205,7 +206,7 @@ def test_second_process_refused_while_first_runs(tmp_path, idx_dir, request, whe
         output = str(tmp_path / "out")
     flags = ["--overwrite"] if overwrite else []
     if overwrite:  # an earlier dataset there (written in this process)
-        job.run([f"--source={idx_dir}", f"--output={output}"])
+        run_job([f"--source={idx_dir}", f"--output={output}"])
     # The first run is held in the middle of its publish (journal written, shards
     # being moved) until the second has been refused.
     gate = str(tmp_path / "gate")

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from pipeline.overlap import InOrder, prefetched
+from pipeline.shard.overlap import InOrder, prefetched
 
 
 def test_prefetched_yields_in_order_and_reraises_after_earlier_items():

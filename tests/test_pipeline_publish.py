@@ -16,11 +16,12 @@ import pytest
 
 import mnist_contract as contract
 
-from pipeline import faults, job, publish, storage
+from pipeline import faults, options, storage
+from pipeline.publish import journal
 from pipeline.errors import PipelineInputError, StorageError
-from pipeline.output import prepare_output
+from pipeline.publish.output import prepare_output
 from pipeline.verify import VerificationError, verify
-from tests.helpers import EMULATOR_BUCKET, REPO, write_idx_split
+from tests.helpers import EMULATOR_BUCKET, REPO, write_idx_split, run_job
 
 
 # Tiny data in several shards: below the 1 MB shard size the job otherwise refuses.
@@ -37,7 +38,7 @@ def datasets(tmp_path_factory, digits):
     made = {}
     for name, flags in {"old": OLD, "new": NEW}.items():
         out = root / name
-        manifest = job.run([f"--source={root / 'idx'}", f"--output={out}", *flags])
+        manifest = run_job([f"--source={root / 'idx'}", f"--output={out}", *flags])
         made[name] = (manifest, {p.name: p.read_bytes() for p in out.iterdir()})
     made["idx"] = root / "idx"
     return made
@@ -60,7 +61,7 @@ def stage(output, datasets, run_id="newrun"):
         storage.write_bytes(f"{temp}/{name}", data)
     manifest, files = datasets["new"]
     moved = [s for split in manifest.splits.values() for s in split.shards]
-    return publish.make_plan(output, temp, run_id, moved, [],
+    return journal.make_plan(output, temp, run_id, moved, [],
                              contract.TFDS_METADATA_FILES,
                              files[contract.MANIFEST_FILE])
 
@@ -119,7 +120,7 @@ def publish_points(tmp_path, datasets, monkeypatch):
     plan = stage(output, datasets)
     points = []
     monkeypatch.setattr(faults, "point", points.append)
-    publish.publish(output, plan)
+    journal.publish(output, plan)
     monkeypatch.undo()
     assert readers_see(output, datasets) == "new"
     return points
@@ -145,12 +146,12 @@ def test_failure_at_every_publish_step_rolls_forward(tmp_path, datasets, monkeyp
         plan = stage(output, datasets)
         monkeypatch.setenv(faults.ENV, f"enospc@{point}")
         with pytest.raises(OSError, match="No space left"):
-            publish.publish(output, plan)
+            journal.publish(output, plan)
         monkeypatch.delenv(faults.ENV)
         seen[point] = readers_see(output, datasets)
         # What the next run does before its own work: complete the publish (if a
         # journal exists) and remove lock-less temp folders.
-        layout = prepare_output(output, "next", overwrite=True)
+        layout = prepare_output(options.parse([f"--output={output}", "--overwrite"]), "next")
         layout.release()
         storage.delete_tree(layout.temp_dir)
         assert readers_see(output, datasets) == ("old" if seen[point] == "old" else "new")
@@ -167,15 +168,15 @@ def test_interrupted_publish_cannot_complete_without_its_temp_files(tmp_path, da
     plan = stage(output, datasets)
     monkeypatch.setenv(faults.ENV, "enospc@moved:mnist-train.tfrecord-00000-of-00003")
     with pytest.raises(OSError):
-        publish.publish(output, plan)
+        journal.publish(output, plan)
     os.remove(f"{output}/.incomplete-newrun/mnist-train.tfrecord-00001-of-00003")
-    with pytest.raises(publish.PublishError, match="00001-of-00003: missing"):
-        publish.roll_forward(output)
+    with pytest.raises(journal.PublishError, match="00001-of-00003: missing"):
+        journal.roll_forward(output)
     monkeypatch.delenv(faults.ENV)
     args = [f"--source={datasets['idx']}", f"--output={output}"]
     with pytest.raises(PipelineInputError, match="cannot be completed; pass --overwrite"):
-        job.run(args)
-    manifest = job.run(args + ["--overwrite"])
+        run_job(args)
+    manifest = run_job(args + ["--overwrite"])
     assert verify(output) == manifest
 
 
@@ -187,10 +188,10 @@ def test_job_storage_failure_while_publishing_says_what_is_left(tmp_path, datase
                                                                 monkeypatch, point, earlier):
     output = str(tmp_path / "out")
     args = [f"--source={datasets['idx']}", f"--output={output}"]
-    job.run(args + OLD)
+    run_job(args + OLD)
     monkeypatch.setenv(faults.ENV, f"enospc@{point}")
     with pytest.raises(StorageError, match=f"No space left on device.*; {earlier}"):
-        job.run(args + NEW + ["--overwrite"])
+        run_job(args + NEW + ["--overwrite"])
     monkeypatch.delenv(faults.ENV)
     left = os.listdir(output)
     assert ".lock" not in left
@@ -201,7 +202,7 @@ def test_job_storage_failure_while_publishing_says_what_is_left(tmp_path, datase
         assert readers_see(output, datasets) == "interrupted"
         with pytest.raises(PipelineInputError,
                            match="completed the interrupted publish of run .* --overwrite"):
-            job.run(args)
+            run_job(args)
         assert readers_see(output, datasets) == "new"
 
 
@@ -228,14 +229,14 @@ def test_sigkill_during_publish_then_next_run_completes(tmp_path, datasets, requ
         request.getfixturevalue("gcs_emulator")
     output = new_output(where, tmp_path)
     args = [f"--source={datasets['idx']}", f"--output={output}"]
-    job.run(args + OLD)
+    run_job(args + OLD)
     assert readers_see(output, datasets) == "old"
     run_killed(output, datasets["idx"], point)
     assert readers_see(output, datasets) == "interrupted"
     # The killed run's lock is taken over (its pid is gone), the publish completed,
     # and without --overwrite the run then refuses, saying so.
     with pytest.raises(PipelineInputError, match="completed the interrupted publish"):
-        job.run(args)
+        run_job(args)
     assert readers_see(output, datasets) == "new"
     assert not any(n.startswith(".incomplete-") or n == ".lock"
                    for n in storage.list_top(output))

@@ -4,10 +4,11 @@ import json
 
 import pytest
 
-from pipeline import job
+
 from pipeline.__main__ import main
 from pipeline.errors import PipelineInputError
 from pipeline.verify import verify
+from tests.helpers import run_job
 
 
 def files(out):
@@ -24,10 +25,10 @@ def test_duplicate_split_is_one_line_exit_2(tmp_path, idx_dir, capsys):
 
 def test_subset_overwrite_keeps_the_other_splits_when_options_match(tmp_path, idx_dir):
     out = tmp_path / "out"
-    first = job.run([f"--source={idx_dir}", f"--output={out}", "--min_shards=2",
+    first = run_job([f"--source={idx_dir}", f"--output={out}", "--min_shards=2",
                      "--allow_extreme_sharding"])
     before = files(out)
-    second = job.run([f"--source={idx_dir}", f"--output={out}", "--min_shards=3",
+    second = run_job([f"--source={idx_dir}", f"--output={out}", "--min_shards=3",
                       "--allow_extreme_sharding", "--splits=train", "--overwrite"])
     assert second.split("test") == first.split("test")
     assert len(second.split("train").shards) == 3
@@ -47,10 +48,10 @@ def test_subset_overwrite_keeps_the_other_splits_when_options_match(tmp_path, id
 ])
 def test_subset_overwrite_with_other_options_is_refused(tmp_path, idx_dir, flag, differs):
     out = tmp_path / "out"
-    job.run([f"--source={idx_dir}", f"--output={out}"])
+    run_job([f"--source={idx_dir}", f"--output={out}"])
     before = files(out)
     with pytest.raises(PipelineInputError) as refused:
-        job.run([f"--source={idx_dir}", f"--output={out}", "--splits=train",
+        run_job([f"--source={idx_dir}", f"--output={out}", "--splits=train",
                  "--overwrite", flag])
     assert str(refused.value) == (
         f"{out}: --splits=train would drop split(s) test of the existing dataset, "

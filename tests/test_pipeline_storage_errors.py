@@ -12,10 +12,11 @@ import sys
 
 import pytest
 
-from pipeline import job, lock, storage
+from pipeline import storage
+from pipeline.publish import lock
 from pipeline.__main__ import main
 from pipeline.verify import verify
-from tests.helpers import REPO
+from tests.helpers import REPO, run_job
 
 
 def mount(*args):
@@ -44,7 +45,7 @@ def one_error_line(stderr):
 def test_disk_full_during_the_run(small_disk, idx_dir, earlier):
     out = small_disk / "out"
     if earlier:
-        job.run([f"--source={idx_dir}", f"--output={out}"])
+        run_job([f"--source={idx_dir}", f"--output={out}"])
     before = {p.name: p.read_bytes() for p in out.iterdir()} if earlier else {}
     process = subprocess.run(
         [sys.executable, "-m", "pipeline", "--source=synthetic:30000", f"--output={out}",
@@ -81,7 +82,7 @@ def test_disk_full_before_the_lock(small_disk, idx_dir, capsys):
 def read_only_output(tmp_path, idx_dir):
     """A dataset plus a stale temp folder, then the folder mounted read-only."""
     out = tmp_path / "out"
-    job.run([f"--source={idx_dir}", f"--output={out}"])
+    run_job([f"--source={idx_dir}", f"--output={out}"])
     (out / ".incomplete-deadrun" / "spill").mkdir(parents=True)
     (out / ".incomplete-deadrun" / "spill" / "x").write_bytes(b"12345")
     before = {p.name for p in out.iterdir()}
@@ -122,7 +123,7 @@ def test_storage_failure_taking_the_lock(tmp_path, idx_dir, monkeypatch, capsys,
 def test_disk_full_inside_a_worker_is_one_line(tmp_path, idx_dir, monkeypatch, capsys):
     """ENOSPC raised in a Beam worker reaches the CLI as one line; temp and lock removed."""
     out = tmp_path / "out"
-    job.run([f"--source={idx_dir}", f"--output={out}"])
+    run_job([f"--source={idx_dir}", f"--output={out}"])
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     real = storage.write_bytes
 
@@ -154,7 +155,7 @@ def test_leftover_temp_folder_is_named_with_its_size(tmp_path, idx_dir, monkeypa
     monkeypatch.setattr(storage, "write_bytes", full)
     monkeypatch.setattr(storage, "delete_tree", stuck)
     with pytest.raises(Exception, match="No space left on device"):
-        job.run([f"--source={idx_dir}", f"--output={out}"])
+        run_job([f"--source={idx_dir}", f"--output={out}"])
     left = [p for p in out.iterdir() if p.name.startswith(".incomplete-")]
     assert len(left) == 1
     assert f"Could not remove {left[0]} (" in caplog.text

@@ -6,7 +6,8 @@ import io
 import numpy as np
 import pytest
 
-from pipeline import idx, sources
+from pipeline.source import idx
+from pipeline.source import sources
 from pipeline.errors import PipelineInputError
 from tests.helpers import write_idx_split
 

@@ -4,14 +4,15 @@ import json
 
 import pytest
 
-from pipeline import job
+
 from pipeline.verify import main
+from tests.helpers import run_job
 
 
 @pytest.fixture
 def dataset(tmp_path, idx_dir):
     out = tmp_path / "out"
-    job.run([f"--source={idx_dir}", f"--output={out}", "--runner=DirectRunner",
+    run_job([f"--source={idx_dir}", f"--output={out}", "--runner=DirectRunner",
              "--min_shards=3", "--allow_extreme_sharding"])
     return out
 

@@ -13,8 +13,8 @@ import sys
 import pytest
 import tensorflow as tf
 
-from pipeline import job
-from tests.helpers import REPO
+
+from tests.helpers import REPO, run_job
 from trainer import data, predict
 from trainer.config import TrainConfig
 from trainer.train import train_and_evaluate
@@ -29,7 +29,7 @@ def converted(tmp_path_factory, digits):
     for split, (images, labels) in digits.items():
         write_idx_split(root / "idx", split, images, labels)
     out = str(root / "out")
-    manifest = job.run([f"--source={root / 'idx'}", f"--output={out}", "--min_shards=4",
+    manifest = run_job([f"--source={root / 'idx'}", f"--output={out}", "--min_shards=4",
                         "--allow_extreme_sharding", "--runner=DirectRunner"])
     return out, manifest
 

@@ -14,9 +14,7 @@ import dataclasses
 import math
 from typing import Mapping
 
-BUCKETS_PER_SHARD = 256
-MIN_BUCKET_BITS = 6
-MAX_BUCKET_BITS = 20
+from pipeline.shard.config import SHARDS
 
 
 def num_shards_for(total_bytes: int, target_shard_bytes: int, min_shards: int,
@@ -32,8 +30,8 @@ def bucket_bits_for(estimated_bytes: int, target_shard_bytes: int,
                     min_shards: int) -> int:
     """How many leading key bits name a bucket, for a dataset of about this size."""
     shards = max(min_shards, math.ceil(estimated_bytes / target_shard_bytes), 1)
-    bits = math.ceil(math.log2(shards * BUCKETS_PER_SHARD))
-    return min(MAX_BUCKET_BITS, max(MIN_BUCKET_BITS, bits))
+    bits = math.ceil(math.log2(shards * SHARDS.buckets_per_shard))
+    return min(SHARDS.max_bucket_bits, max(SHARDS.min_bucket_bits, bits))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -49,16 +49,17 @@ from apache_beam.metrics.metric import Metrics
 
 import mnist_contract as contract
 from mnist_contract import framing
+from mnist_contract.sizes import FRAMING_BYTES
 
-from pipeline import sharding, storage
-from pipeline.overlap import InOrder, prefetched
-from pipeline.batches import encode_batch, group_by_bucket
-from pipeline.shard_io import (ShardFileWriter, SpillFile, SpillRange, merge_spill_ranges,
-                               write_spill)
+from pipeline import storage
+from pipeline.shard import sharding
+from pipeline.shard.batches import encode_batch, group_by_bucket
+from pipeline.shard.config import SHARDS, SPILL_DIR
+from pipeline.shard.overlap import InOrder, prefetched
+from pipeline.shard.shard_io import (ShardFileWriter, SpillFile, SpillRange,
+                                     merge_spill_ranges, write_spill)
 
 COUNTER_NAMESPACE = "mnist_pipeline"
-MERGE_MEMORY_BYTES = 8 << 20  # bytes a shard merge reads at a time
-ESTIMATED_RECORD_BYTES = contract.IMAGE_BYTES + 64
 
 ReadTask = tuple[str, int, Any]
 KeyedBatch = tuple[tuple[str, int], list[tuple[bytes, bytes]]]
@@ -77,7 +78,7 @@ class ConvertSettings:
     finalize reads as the source of truth.
     """
 
-    source: Any  # a pipeline.sources.Source
+    source: Any  # a pipeline.source.sources.Source
     splits: tuple[str, ...]
     temp_dir: str
     shard_list_path: str
@@ -94,24 +95,23 @@ class ConvertSettings:
         if self.split_bucket_bits is None:
             object.__setattr__(self, "split_bucket_bits", {
                 split: sharding.bucket_bits_for(
-                    self.source.estimated_examples(split) * ESTIMATED_RECORD_BYTES,
+                    self.source.estimated_examples(split) * SHARDS.bucket_record_bytes,
                     self.target_bytes, self.min_shards)
                 for split in self.splits})
 
     @classmethod
-    def from_options(cls, conv, source, splits, temp_dir: str,
-                     shard_list_path: str) -> "ConvertSettings":
-        """From `pipeline.options.ConvertOptions` and the run's temp locations."""
-        return cls(source=source, splits=tuple(splits), temp_dir=temp_dir,
-                   shard_list_path=shard_list_path, target_bytes=conv.target_bytes(),
-                   min_shards=conv.min_shards, image_format=conv.image_format,
-                   compression=conv.compression, salt=conv.shuffle_salt)
+    def from_options(cls, options, temp_dir: str, shard_list_path: str) -> "ConvertSettings":
+        """From the run's `pipeline.options.Options` and its temp locations."""
+        return cls(source=options.data_source, splits=options.splits, temp_dir=temp_dir,
+                   shard_list_path=shard_list_path, target_bytes=options.target_bytes,
+                   min_shards=options.min_shards, image_format=options.image_format,
+                   compression=options.compression, salt=options.shuffle_salt)
 
     def bucket_bits(self, split: str) -> int:
         return self.split_bucket_bits[split]
 
     def spill_dir(self) -> str:
-        return contract.join_path(self.temp_dir, "spill")
+        return contract.join_path(self.temp_dir, SPILL_DIR)
 
 
 def convert(settings: ConvertSettings, shuffle: str) -> beam.PTransform:
@@ -165,7 +165,7 @@ class _EncodeByBucketFn(_SourceFn):
 def batch_sizes(element: KeyedBatch) -> BucketSizes:
     """The records and shard bytes a KeyedBatch adds to its bucket."""
     (split, bucket), pairs = element
-    size = sum(len(example) for _, example in pairs) + framing.RECORD_OVERHEAD * len(pairs)
+    size = sum(len(example) for _, example in pairs) + FRAMING_BYTES * len(pairs)
     return split, (np.array([bucket]), np.array([len(pairs)]), np.array([size]))
 
 
@@ -339,14 +339,15 @@ class _MergeShardFn(_ShardWriterFn):
         (split, shard), ranges = element
         ranges = sorted(ranges, key=lambda r: (r.path, r.start))  # a fixed order of reads
         yield self._write(split, shard, plans[split].num_shards,
-                          merge_spill_ranges(ranges, MERGE_MEMORY_BYTES), blocks=True)
+                          merge_spill_ranges(ranges, SHARDS.merge_memory_bytes),
+                          blocks=True)
 
 
 class MergeSpillsIntoShards(beam.PTransform):
     """PCollection[SpillRun] -> PCollection[WrittenShard], given the Plans.
 
     Each shard merges its byte range of every spill file, ordered by the
-    ranges' keys and copied in blocks of about ``MERGE_MEMORY_BYTES``.
+    ranges' keys and copied in blocks of about ``ShardConfig.merge_memory_bytes``.
     """
 
     def __init__(self, settings: ConvertSettings, plans):

@@ -27,23 +27,19 @@ from typing import Iterator, Sequence
 import google_crc32c
 
 import numpy as np
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
 
 from mnist_contract import framing
 from pipeline import storage
-from pipeline.overlap import InOrder
-from pipeline.batches import KEY_BYTES, key_order
-
-_MIME = "application/octet-stream"
+from pipeline.shard.batches import key_order
+from pipeline.shard.config import KEY_BYTES, SHARDS
+from pipeline.shard.overlap import InOrder
 
 
 class ShardFileWriter:
     """Writes framed records to ``path``, counting and hashing the stored bytes."""
 
     def __init__(self, path: str, compression: str):
-        self._file = FileSystems.create(path, mime_type=_MIME,
-                                        compression_type=CompressionTypes.UNCOMPRESSED)
+        self._file = storage.open_write(path)
         # wbits=31: a gzip stream with mtime 0, so output is byte-reproducible.
         self._gzip = zlib.compressobj(6, zlib.DEFLATED, 31) if compression == "gzip" else None
         self._sha256 = hashlib.sha256()
@@ -117,7 +113,7 @@ class SpillRange:
         key_bytes = f.read((last - first) * KEY_BYTES)
         f.seek(self.index_offset + self.num_records * KEY_BYTES + first * 4)
         length_bytes = f.read((last - first) * 4)
-        if len(key_bytes) + len(length_bytes) != (last - first) * (KEY_BYTES + 4):
+        if len(key_bytes) + len(length_bytes) != (last - first) * SHARDS.spill_index_bytes:
             raise IOError(f"spill file damaged: {self.path}: ends early (its index is cut short)")
         rel = (self.bounds - first).tolist()
         for i, crc in enumerate(self.index_crcs.tolist()):
@@ -232,9 +228,8 @@ def merge_spill_ranges(ranges: Sequence[SpillRange], memory_bytes: int
     if not ranges:
         return
     with contextlib.ExitStack() as stack:
-        readers = [_RangeReader(stack.enter_context(FileSystems.open(
-            r.path, mime_type=_MIME, compression_type=CompressionTypes.UNCOMPRESSED)), r)
-            for r in ranges]
+        readers = [_RangeReader(stack.enter_context(storage.open_read(r.path)), r)
+                   for r in ranges]
         keys = np.concatenate([r.keys for r in readers])
         source = np.repeat(np.arange(len(ranges)), [len(r) for r in ranges])
         ends = np.concatenate([r.ends for r in readers])

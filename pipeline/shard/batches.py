@@ -1,11 +1,16 @@
 """A source batch made ready to shuffle: shuffle keys, buckets and Example bytes.
 
-Work is done per batch (thousands of records) with numpy where it can be, so
-the per-record Python cost is a few byte concatenations.
+The shuffle key decides where a record goes in the job's global order (its
+bucket is the key's top bits, `buckets_of`); encoding records and TFRecord
+framing belong to the data contract (`mnist_contract.examples`,
+`mnist_contract.framing`). Work is done per batch (thousands of records) with
+numpy where it can be, so the per-record Python cost is a few byte
+concatenations.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Iterator
 
 import numpy as np
@@ -13,10 +18,37 @@ import numpy as np
 from mnist_contract import wire
 import mnist_contract as contract
 
-from pipeline import records
+from pipeline.shard.config import KEY_BYTES
 
-KEY_BYTES = records.KEY_BYTES
-shuffle_keys = records.shuffle_keys
+_U64 = np.uint64
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """MurmurHash3's 64-bit finalizer: a bijection of uint64 with full avalanche."""
+    x = x ^ (x >> _U64(33))
+    x = x * _U64(0xFF51AFD7ED558CCD)
+    x = x ^ (x >> _U64(33))
+    x = x * _U64(0xC4CEB9FE1A85EC53)
+    return x ^ (x >> _U64(33))
+
+
+def shuffle_keys(salt: str, split: str, indices: np.ndarray) -> np.ndarray:
+    """Stable pseudo-random sort keys of record indices, as uint8 [n, 16].
+
+    Sorting by them gives the same global order on any runner and any number
+    of workers, so reruns write byte-identical files; another salt or split,
+    another order. The first 8 bytes are a keyed bijection of the index
+    (md5 of salt and split gives the two 64-bit keys), so no two records of
+    a split share a key, and the whole batch is a few numpy operations
+    instead of a hash call per record.
+    """
+    seeds = np.frombuffer(hashlib.md5(f"{salt}/{split}".encode()).digest(), ">u8")
+    with np.errstate(over="ignore"):
+        ids = np.asarray(indices, dtype=np.int64).reshape(-1).astype(_U64)
+        first = _mix64(_mix64(ids ^ seeds[0]) ^ seeds[1])
+        second = _mix64(first ^ seeds[0])
+    words = np.stack([first, second], axis=1).astype(">u8")
+    return words.view(np.uint8).reshape(-1, KEY_BYTES)
 
 
 def buckets_of(keys: np.ndarray, bucket_bits: int) -> np.ndarray:
@@ -35,7 +67,7 @@ def key_order(keys: np.ndarray) -> np.ndarray:
 
 
 def encode_examples(batch, image_format: str) -> list[bytes]:
-    """The serialized Example of each record of a `sources.Batch`."""
+    """The serialized Example of each record of a `pipeline.source.sources.Batch`."""
     return wire.encode_examples({contract.IMAGE_KEY: batch.images,
                                  contract.LABEL_KEY: batch.labels,
                                  contract.INDEX_KEY: batch.indices}, image_format)

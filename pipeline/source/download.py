@@ -11,6 +11,7 @@ import urllib.error
 import urllib.request
 
 from pipeline.errors import PipelineInputError
+from pipeline.shard.config import MB
 
 # Where TFDS and most MNIST loaders fetch from.
 DEFAULT_MIRROR = "https://storage.googleapis.com/cvdf-datasets/mnist/"
@@ -30,7 +31,6 @@ KNOWN_SHA256 = {
 
 PROGRESS_INTERVAL_S = 2.0
 CHUNK_BYTES = 1 << 20
-MB = 1_000_000
 
 
 def _read_with_progress(response, name: str) -> bytes:

@@ -1,22 +1,28 @@
 """The output folder: one writer at a time, a temp folder, and a crash-safe publish.
 
 While the job runs, everything it writes is under ``OUTPUT/.incomplete-RUNID/``
-and the run holds ``OUTPUT/.lock`` (`pipeline.lock`). Readers look only at
-top-level files named by the contract; a dataset counts as present only when
-``manifest.json`` exists and no publish journal does (`pipeline.publish`).
+and the run holds ``OUTPUT/.lock`` (`pipeline.publish.lock`). Readers look
+only at top-level files named by the contract; a dataset counts as present
+only when ``manifest.json`` exists and no publish journal does
+(`pipeline.publish.journal`). Both `prepare_output` and `finalize` take the
+run's `pipeline.options.Options`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
-from typing import Callable, Mapping, Optional, Sequence
+from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 import mnist_contract as contract
 
-from pipeline import lock, publish, storage
-from pipeline.errors import PipelineError, PipelineInputError, StorageError
+from pipeline import storage
+from pipeline.errors import (PipelineError, PipelineInputError, StorageError,
+                             failure_summary)
+from pipeline.publish import journal, lock
+from pipeline.publish.metadata import tfds_metadata_files
 
 TEMP_PREFIX = ".incomplete-"
 SHARD_LIST = "shards.json"
@@ -46,62 +52,74 @@ class OutputLayout:
             self.lock.release()
 
 
-def _is_dataset_file(name: str) -> bool:
-    return publish.is_dataset_file(name)
+@contextlib.contextmanager
+def _storage_failures(error: Callable[[str], PipelineError],
+                      also: tuple[type[BaseException], ...] = ()) -> Iterator[None]:
+    """Inside the block, a storage failure becomes ``error(its one-line summary)``.
 
-
-def prepare_output(output: str, run_id: str, overwrite: bool,
-                   splits: Sequence[str] = contract.SPLITS,
-                   options: Optional[Mapping[str, str]] = None) -> OutputLayout:
-    """Locks the output, completes an interrupted publish, checks what is there.
-
-    Refuses an existing dataset unless overwriting, and a subset of splits that
-    would drop others unless their options match (``options``: image_format,
-    compression, shuffle_salt, source, compared with the manifest). Temp
-    folders of runs that hold no lock are removed, with a warning. On any
-    failure the lock is released again.
+    Errors the job already reports (`PipelineError`) and errors that are not
+    storage failures pass unchanged. ``also``: exception types that count as
+    storage failures, summarized by their message.
     """
+    try:
+        yield
+    except PipelineError:
+        raise
+    except Exception as e:
+        summary = failure_summary(e) or (str(e) if isinstance(e, also) else None)
+        if summary is None:
+            raise
+        raise error(summary) from e
+
+
+def prepare_output(options, run_id: str) -> OutputLayout:
+    """Locks ``options.output``, completes an interrupted publish, checks what is there.
+
+    Refuses an existing dataset unless ``options.overwrite``, and a subset of
+    splits that would drop others unless they were written with the same
+    options (`_kept_splits`). Temp folders of runs that hold no lock are
+    removed, with a warning. On any failure the lock is released again.
+    """
+    output = options.output
     try:
         storage.make_dirs(output)
         held = lock.acquire(output, run_id)
     except PipelineError:
         raise
     except Exception as e:  # unwritable, full or unreachable storage
-        summary = storage.failure_summary(e) or f"{type(e).__name__}: {e}"
+        summary = failure_summary(e) or f"{type(e).__name__}: {e}"
         raise PipelineInputError(f"{output}: output is not writable ({summary}); "
                                  "nothing there was changed") from None
     try:
-        return _prepare_locked(output, run_id, overwrite, splits, options or {}, held)
+        return _prepare_locked(options, run_id, held)
     except BaseException:
         held.release()
         raise
 
 
-def _prepare_locked(output, run_id, overwrite, splits, options, held) -> OutputLayout:
+def _roll_forward(output: str, overwrite: bool) -> Optional[str]:
+    """Completes an interrupted publish (`journal.roll_forward`); returns its run id."""
     try:
-        completed = publish.roll_forward(output)
-    except publish.PublishError as e:
+        with _storage_failures(lambda summary: StorageError(
+                f"{output}: storage failed while completing an interrupted publish "
+                f"({summary}); rerun the job once storage works")):
+            return journal.roll_forward(output)
+    except journal.PublishError as e:
         if not overwrite:
             raise PipelineInputError(f"{e}; pass --overwrite to replace what is there") \
                 from None
         logging.warning("%s; --overwrite: replacing what is there", e)
-        storage.delete([publish.journal_path(output)])
-        completed = None
-    except Exception as e:
-        summary = storage.failure_summary(e)
-        if summary is None:
-            raise
-        raise StorageError(
-            f"{output}: storage failed while completing an interrupted publish "
-            f"({summary}); rerun the job once storage works") from None
-    try:
+        storage.delete([journal.journal_path(output)])
+        return None
+
+
+def _prepare_locked(options, run_id: str, held: lock.OutputLock) -> OutputLayout:
+    output, overwrite = options.output, options.overwrite
+    completed = _roll_forward(output, overwrite)
+    with _storage_failures(lambda summary: PipelineInputError(
+            f"{output}: output is not readable ({summary})")):
         names = set(storage.list_top(output))
-    except Exception as e:
-        summary = storage.failure_summary(e)
-        if summary is None:
-            raise
-        raise PipelineInputError(f"{output}: output is not readable ({summary})") from None
-    existing = sorted(n for n in names if _is_dataset_file(n))
+    existing = sorted(n for n in names if journal.is_dataset_file(n))
     if completed and not overwrite:
         raise PipelineInputError(
             f"{output}: completed the interrupted publish of run {completed}, so it "
@@ -110,45 +128,59 @@ def _prepare_locked(output, run_id, overwrite, splits, options, held) -> OutputL
         raise PipelineInputError(
             f"{output}: already holds a dataset ({existing[0]}, ...); "
             "pass --overwrite to replace it")
-    kept = _kept_splits(output, names, splits, options) if existing else {}
+    kept = _kept_splits(options, names) if existing else {}
+    _remove_abandoned_temp_folders(output, names)
+    layout = OutputLayout(output, contract.join_path(output, TEMP_PREFIX + run_id),
+                          lock=held, kept=kept, earlier=INTACT if existing else NO_DATASET)
+    _probe_writable(layout)
+    return layout
+
+
+def _remove_abandoned_temp_folders(output: str, names: set[str]) -> None:
+    """Temp folders of earlier runs: this run holds the lock, so no live run owns them.
+
+    A journal naming one would have been rolled forward (or has failed this
+    run) before this is called.
+    """
     for folder in sorted(n for n in names if n.startswith(TEMP_PREFIX)):
         path = contract.join_path(output, folder)
-        # We hold the lock, so no live run owns these; a journal would have been
-        # rolled forward (or has failed this run) above.
         logging.warning("Removing %s, left by an earlier run that did not finish", path)
         try:
             storage.delete_tree(path)
         except Exception as e:
             logging.warning("Could not remove %s (%s, %s); remove it by hand", path,
-                            storage.tree_size(path), storage.failure_summary(e) or e)
-    layout = OutputLayout(output, contract.join_path(output, TEMP_PREFIX + run_id),
-                          lock=held, kept=kept, earlier=INTACT if existing else NO_DATASET)
+                            storage.tree_size(path), failure_summary(e) or e)
+
+
+def _probe_writable(layout: OutputLayout) -> None:
+    """Writes and removes a file in the run's temp folder, so a read-only output fails now."""
+    def unwritable(summary: str) -> PipelineInputError:
+        remove_temp(layout)
+        return PipelineInputError(f"{layout.output}: output is not writable ({summary}); "
+                                  f"{layout.earlier}")
+
     probe = contract.join_path(layout.temp_dir, ".probe")
-    try:
+    with _storage_failures(unwritable):
         storage.make_dirs(layout.temp_dir)
         storage.write_bytes(probe, b"")
         storage.delete([probe])
-    except Exception as e:
-        summary = storage.failure_summary(e)
-        if summary is None:
-            raise
-        remove_temp(layout)
-        raise PipelineInputError(f"{output}: output is not writable ({summary}); "
-                                 f"{layout.earlier}") from None
-    return layout
 
 
-_MATCHED_OPTIONS = ("image_format", "compression", "shuffle_salt", "source")
+def _manifest_options(options) -> dict[str, str]:
+    """The run's values of the manifest fields that make two runs one dataset."""
+    return {"image_format": options.image_format, "compression": options.compression,
+            "shuffle_salt": options.shuffle_salt,
+            "source": options.data_source.description}
 
 
-def _kept_splits(output: str, names: set[str], splits: Sequence[str],
-                 options: Mapping[str, str]) -> dict[str, contract.SplitInfo]:
+def _kept_splits(options, names: set[str]) -> dict[str, contract.SplitInfo]:
     """Splits of the existing dataset that --splits leaves out, if they can be kept.
 
     They are kept when they were written with the same options (so the
     merged dataset is one dataset); otherwise the run is refused, since
     publishing would delete them.
     """
+    output, splits = options.output, options.splits
     everything = ",".join(contract.SPLITS)
     path = contract.join_path(output, contract.MANIFEST_FILE)
     if set(splits) == set(contract.SPLITS):
@@ -163,8 +195,9 @@ def _kept_splits(output: str, names: set[str], splits: Sequence[str],
     others = sorted(set(old.splits) - set(splits))
     if not others:
         return {}
-    diffs = [f"{key} {getattr(old, key)!r} vs {options[key]!r}"
-             for key in _MATCHED_OPTIONS if key in options and getattr(old, key) != options[key]]
+    ours = _manifest_options(options)
+    diffs = [f"{key} {getattr(old, key)!r} vs {value!r}"
+             for key, value in ours.items() if getattr(old, key) != value]
     missing = [s.file for name in others for s in old.splits[name].shards
                if s.file not in names]
     if diffs or missing:
@@ -186,16 +219,17 @@ def remove_temp(layout: OutputLayout) -> None:
     except Exception as e:
         logging.warning("Could not remove %s (%s): %s; the next run removes it",
                         layout.temp_dir, storage.tree_size(layout.temp_dir),
-                        storage.failure_summary(e) or e)
+                        failure_summary(e) or e)
 
 
 def _read_shard_list(layout: OutputLayout) -> list[dict]:
     return json.loads(storage.read_bytes(layout.shard_list_path))
 
 
-def build_manifest(shard_infos: list[dict], conv, source_description: str,
+def build_manifest(shard_infos: list[dict], options,
                    kept: Optional[Mapping[str, contract.SplitInfo]] = None
                    ) -> contract.Manifest:
+    """The manifest of the written shards (plus ``kept`` splits), validated."""
     per_split: dict[str, list[dict]] = {}
     for info in shard_infos:
         per_split.setdefault(info["split"], []).append(info)
@@ -205,76 +239,76 @@ def build_manifest(shard_infos: list[dict], conv, source_description: str,
         splits[split] = contract.SplitInfo(split, tuple(
             contract.ShardInfo(i["file"], i["num_examples"], i["num_bytes"],
                                i["sha256"]) for i in infos))
-    manifest = contract.Manifest(
-        dataset=contract.DATASET_NAME, image_format=conv.image_format,
-        compression=conv.compression, splits=splits, source=source_description,
-        shuffle_salt=conv.shuffle_salt)
+    manifest = contract.Manifest(dataset=contract.DATASET_NAME, splits=splits,
+                                 **_manifest_options(options))
     # Round-trips through the validating parser: a gap in shard numbering fails here.
     return contract.Manifest.from_json(manifest.to_json(), "new manifest")
 
 
-def finalize(layout: OutputLayout, conv, source_description: str,
-             tfds_files: Callable[[contract.Manifest], dict[str, bytes]]
-             ) -> contract.Manifest:
-    """Checks the temp shards, stages the metadata, then publishes (`pipeline.publish`).
+def finalize(layout: OutputLayout, options) -> contract.Manifest:
+    """Checks the temp shards, stages the metadata, then publishes (`journal`).
 
     A storage failure ends in a `StorageError` that says what state the
     output is in: earlier dataset intact, or an interrupted publish that the
     next run completes.
     """
     journal_written = False
-    try:
-        manifest = build_manifest(_read_shard_list(layout), conv, source_description,
-                                  layout.kept)
+    with _storage_failures(lambda summary: StorageError(
+            f"{layout.output}: storage failed while publishing ({summary}); "
+            f"{_state_after(layout, journal_written)}"), also=(journal.PublishError,)):
+        manifest = build_manifest(_read_shard_list(layout), options, layout.kept)
         moved = [s for name, split in manifest.splits.items() if name not in layout.kept
                  for s in split.shards]
-        for shard in moved:
-            size = storage.size_of(contract.join_path(layout.temp_dir, shard.file))
-            if size != shard.num_bytes:
-                raise RuntimeError(f"{shard.file}: temp file has {size} bytes, "
-                                   f"expected {shard.num_bytes}")
-        metadata = {contract.MANIFEST_FILE: manifest.to_json().encode()}
-        if conv.compression == "none":
-            metadata.update(tfds_files(manifest))
-        else:
-            logging.info("Compressed output: no TFDS metadata (TFDS reads only "
-                         "uncompressed TFRecords); manifest.json describes the files.")
-        for name, data in metadata.items():
-            storage.write_bytes(contract.join_path(layout.temp_dir, name), data)
+        _check_temp_sizes(layout, moved)
+        metadata = _stage_metadata(layout, manifest, options)
         if layout.lock is not None:
             layout.lock.check_held()
-        plan = publish.make_plan(
+        plan = journal.make_plan(
             layout.output, layout.temp_dir, layout.run_id, moved,
             [s.file for split in layout.kept.values() for s in split.shards],
             [n for n in contract.TFDS_METADATA_FILES if n in metadata],
             metadata[contract.MANIFEST_FILE])
         journal_written = True  # from here on, the journal may exist
-        publish.publish(layout.output, plan)
-    except PipelineError:
-        raise
-    except Exception as e:
-        summary = storage.failure_summary(e)
-        if summary is None and not isinstance(e, publish.PublishError):
-            raise
-        raise StorageError(f"{layout.output}: storage failed while publishing "
-                           f"({summary or e}); {_state_after(layout, journal_written)}"
-                           ) from e
+        journal.publish(layout.output, plan)
     for split, info in sorted(manifest.splits.items()):
         logging.debug("%s: %d examples in %d shard(s) of %s bytes -> %s", split,
-                     info.num_examples, len(info.shards),
-                     "/".join(str(s.num_bytes) for s in info.shards[:4]) +
-                     ("/..." if len(info.shards) > 4 else ""), layout.output)
+                      info.num_examples, len(info.shards),
+                      "/".join(str(s.num_bytes) for s in info.shards[:4]) +
+                      ("/..." if len(info.shards) > 4 else ""), layout.output)
     return manifest
+
+
+def _check_temp_sizes(layout: OutputLayout, shards: Sequence[contract.ShardInfo]) -> None:
+    for shard in shards:
+        size = storage.size_of(contract.join_path(layout.temp_dir, shard.file))
+        if size != shard.num_bytes:
+            raise RuntimeError(f"{shard.file}: temp file has {size} bytes, "
+                               f"expected {shard.num_bytes}")
+
+
+def _stage_metadata(layout: OutputLayout, manifest: contract.Manifest,
+                    options) -> dict[str, bytes]:
+    """Writes the manifest (and, uncompressed, TFDS's files) into the temp folder."""
+    metadata = {contract.MANIFEST_FILE: manifest.to_json().encode()}
+    if options.compression == "none":
+        metadata.update(tfds_metadata_files(manifest, options.output,
+                                            options.data_source.description))
+    else:
+        logging.info("Compressed output: no TFDS metadata (TFDS reads only "
+                     "uncompressed TFRecords); manifest.json describes the files.")
+    for name, data in metadata.items():
+        storage.write_bytes(contract.join_path(layout.temp_dir, name), data)
+    return metadata
 
 
 def _state_after(layout: OutputLayout, journal_written: bool) -> str:
     """The truth about the output after publishing failed, for the error line."""
-    journal = publish.journal_path(layout.output)
+    path = journal.journal_path(layout.output)
     if journal_written:
         try:
-            present = storage.exists(journal)
+            present = storage.exists(path)
         except Exception:
-            return (f"storage is unreachable, so its state is unknown: if {journal} "
+            return (f"storage is unreachable, so its state is unknown: if {path} "
                     "exists, the publish was interrupted; rerun the job to complete it")
         if present:
             return (f"interrupted publish of run {layout.run_id}: the output holds no "

@@ -31,7 +31,7 @@ from typing import Optional
 
 import mnist_contract as contract
 
-from pipeline import storage
+from pipeline import _compat, storage
 from pipeline.errors import PipelineInputError
 
 LOCK_FILE = ".lock"
@@ -139,10 +139,9 @@ class _Gcs:
     """The lock as a GCS object. A token is its generation."""
 
     def __init__(self, path: str):
-        from apache_beam.io.gcp import gcsio
         storage.use_anonymous_gcs_for_emulator()
         bucket, self.name = path[len("gs://"):].split("/", 1)
-        self.bucket = gcsio.GcsIO().client.bucket(bucket)
+        self.bucket = _compat.gcs_bucket(bucket)
 
     def blob(self):
         return self.bucket.blob(self.name)
@@ -150,8 +149,7 @@ class _Gcs:
     @staticmethod
     def retry():
         """Beam's GCS retry policy, with the deadline `storage.configure_gcs` gave it."""
-        from apache_beam.io.gcp import gcsio_retry
-        return gcsio_retry.DEFAULT_RETRY
+        return _compat.gcs_retry()
 
     def create(self, data: bytes):
         from google.api_core import exceptions

@@ -74,13 +74,6 @@ class Plan:
         return plan
 
 
-def top_level(directory: str) -> set[str]:
-    """Names of the files directly in ``directory`` (not in its subfolders)."""
-    prefix = directory.rstrip("/") + "/"
-    return {p[len(prefix):] for p in storage.list_dir(directory)
-            if p.startswith(prefix) and "/" not in p[len(prefix):]}
-
-
 def is_dataset_file(name: str) -> bool:
     if name in METADATA:
         return True
@@ -97,7 +90,7 @@ def make_plan(output: str, temp_dir: str, run_id: str, moved: Iterable[contract.
     moved = list(moved)
     metadata = tuple(n for n in metadata if n != contract.MANIFEST_FILE)
     new = {s.file for s in moved} | set(keep) | set(metadata) | {contract.MANIFEST_FILE}
-    old = {n for n in top_level(output) if is_dataset_file(n)}
+    old = {n for n in storage.top_level(output) if is_dataset_file(n)}
     return Plan(run_id=run_id, temp_name=temp_dir.rstrip("/").rsplit("/", 1)[1],
                 shards=tuple((s.file, s.num_bytes) for s in moved), metadata=metadata,
                 manifest_sha256=hashlib.sha256(manifest_bytes).hexdigest(),
@@ -153,12 +146,12 @@ def _move(output: str, temp: str, name: str, present: set[str], staged: set[str]
 def apply(output: str, plan: Plan) -> None:
     """Runs (or re-runs) every step of ``plan``; see the module docstring."""
     temp = contract.join_path(output, plan.temp_name)
-    present, staged = top_level(output), top_level(temp)
+    present, staged = storage.top_level(output), storage.top_level(temp)
     for name in METADATA:
         if name in present and (name in staged or name in plan.deletes):
             storage.delete([contract.join_path(output, name)])
             faults.point(f"hidden:{name}")
-    present = top_level(output)
+    present = storage.top_level(output)
 
     def size_is(expected):
         def check(path):

@@ -20,8 +20,9 @@ import numpy as np
 
 import mnist_contract as contract
 
-from pipeline import idx, storage
-from pipeline.download import DEFAULT_MIRROR, fetch, unreachable
+from pipeline import storage
+from pipeline.source import idx
+from pipeline.source.download import DEFAULT_MIRROR, fetch, unreachable
 from pipeline.errors import PipelineInputError
 
 BATCH = 10_000

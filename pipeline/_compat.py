@@ -1,0 +1,76 @@
+"""Every place the job reaches into Apache Beam beyond its public API.
+
+Each reach was checked against apache-beam 2.77.0 (the version
+pyproject.toml pins); a Beam upgrade re-checks this module and nothing else.
+Beam is imported inside each function, so importing this module costs nothing.
+"""
+
+from __future__ import annotations
+
+
+def set_gcs_retry_deadline(deadline_s: float) -> None:
+    """Gives every Beam ``GcsIO`` retry policy the deadline ``deadline_s``.
+
+    Beam 2.77.0: `apache_beam.io.gcp.gcsio_retry.get_retry` returns one of
+    two module-level ``google.api_core.retry.Retry`` objects, ``DEFAULT_RETRY``
+    and ``DEFAULT_RETRY_WITH_THROTTLING_COUNTER``; they are replaced by copies
+    with the deadline (``Retry.with_timeout``).
+    """
+    from apache_beam.io.gcp import gcsio_retry
+    gcsio_retry.DEFAULT_RETRY = gcsio_retry.DEFAULT_RETRY.with_timeout(deadline_s)
+    gcsio_retry.DEFAULT_RETRY_WITH_THROTTLING_COUNTER = (
+        gcsio_retry.DEFAULT_RETRY_WITH_THROTTLING_COUNTER.with_timeout(deadline_s))
+
+
+def gcs_retry():
+    """Beam's GCS retry policy, with the deadline `set_gcs_retry_deadline` gave it.
+
+    Beam 2.77.0: `apache_beam.io.gcp.gcsio_retry.DEFAULT_RETRY`.
+    """
+    from apache_beam.io.gcp import gcsio_retry
+    return gcsio_retry.DEFAULT_RETRY
+
+
+def gcs_bucket(name: str):
+    """The google-cloud-storage bucket ``name``, through the client Beam's GCS I/O uses.
+
+    Beam 2.77.0: ``GcsIO().client`` is a ``google.cloud.storage.Client``.
+    """
+    from apache_beam.io.gcp import gcsio
+    return gcsio.GcsIO().client.bucket(name)
+
+
+def skip_beam_credential_lookup() -> None:
+    """Makes Beam's GCS client connect without credentials (for a local GCS API server).
+
+    Beam 2.77.0: `apache_beam.internal.gcp.auth._Credentials` caches the
+    looked-up credentials in ``_credentials``, guarded by
+    ``_credentials_lock``, and looks them up (retrying for ~25 s when none
+    exist) until ``_credentials_init`` is set.
+    """
+    from apache_beam.internal.gcp import auth
+    with auth._Credentials._credentials_lock:  # pylint: disable=protected-access
+        auth._Credentials._credentials = None  # pylint: disable=protected-access
+        auth._Credentials._credentials_init = True  # pylint: disable=protected-access
+
+
+def beam_argument_parser():
+    """An empty argparse parser of the kind Beam fills with every option class.
+
+    Beam 2.77.0: `PipelineOptions.get_all_options` parses with
+    ``apache_beam.options.pipeline_options._BeamArgumentParser(allow_abbrev=False)``
+    after each option class's ``_add_argparse_args``; this returns the same
+    kind of parser, so a flag counts as known exactly when Beam would parse it.
+    """
+    from apache_beam.options import pipeline_options
+    return pipeline_options._BeamArgumentParser(  # pylint: disable=protected-access
+        allow_abbrev=False)
+
+
+def add_option_class_arguments(parser, option_class) -> None:
+    """Adds one option class's flags to ``parser``, as Beam does.
+
+    Beam 2.77.0: each ``PipelineOptions`` subclass defines its flags in the
+    classmethod ``_add_argparse_args(parser)``.
+    """
+    option_class._add_argparse_args(parser)  # pylint: disable=protected-access
