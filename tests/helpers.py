@@ -52,9 +52,10 @@ def free_port() -> int:
 class GcsEmulator:
     """A gcp-storage-emulator process on 127.0.0.1 that tests can stop and restart."""
 
-    def __init__(self, port: int, data_dir: str | None = None):
+    def __init__(self, port: int, data_dir: str | None = None, log_path: Path | None = None):
         self.port = port
         self.data_dir = data_dir  # None: in memory; else kept across restarts
+        self.log_path = log_path  # None: the server's log is dropped; else appended here
         self.host = f"http://127.0.0.1:{port}"
         self.process = None
 
@@ -63,11 +64,16 @@ class GcsEmulator:
         env = dict(os.environ)
         if self.data_dir is not None:
             env["STORAGE_BASE"] = self.data_dir
-        self.process = subprocess.Popen(
-            [sys.executable, str(REPO / "tests" / "gcs_emulator.py"), "start",
-             "--host=127.0.0.1", f"--port={self.port}", *storage_flags,
-             f"--default-bucket={EMULATOR_BUCKET}"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, str(REPO / "tests" / "gcs_emulator.py"), "start",
+                 "--host=127.0.0.1", f"--port={self.port}", *storage_flags,
+                 f"--default-bucket={EMULATOR_BUCKET}"],
+                stdout=log, stderr=log, env=env)
+        finally:
+            if self.log_path:
+                log.close()
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
