@@ -81,10 +81,6 @@ class Exchange:
     headers: dict[str, str]  # lower-cased names
     first_status: str = ""  # e.g. "HTTP/1.0 100 Continue" before the final response
 
-    @property
-    def path(self) -> str:
-        return "/" + self.url.split("://", 1)[1].split("/", 1)[1]
-
 
 @dataclass
 class GcsProxy:
@@ -118,7 +114,7 @@ class GcsProxy:
     def _serve(self, client: socket.socket) -> None:
         try:
             head, rest = _read_head(client)
-            method, target, version = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
+            method, target, _ = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ")
             if method == "CONNECT":
                 host, _, port = target.rpartition(":")
                 if not self._allowed(host, port == "443", head):

@@ -95,6 +95,13 @@ class GcsEmulator:
         return storage.Client(project="test", credentials=AnonymousCredentials(),
                               client_options={"api_endpoint": self.host})
 
+    def download(self, name: str) -> bytes:
+        """Object ``name`` of `EMULATOR_BUCKET`, fetched from this server's
+        address: a listed object's mediaLink names the host its upload came
+        through (www.googleapis.com for TensorFlow's client)."""
+        blob = self.client().bucket(EMULATOR_BUCKET).blob(name)
+        return blob.download_as_bytes(timeout=10, retry=None)
+
 
 def run_results_script(script: str, tmp, timeout: int) -> tuple[dict, str]:
     """Runs ``script`` in a fresh interpreter (its own TensorFlow device setup).

@@ -65,14 +65,8 @@ def _blob(server: GcsTlsServer, name: str):
     return server.emulator.client().bucket(EMULATOR_BUCKET).get_blob(name, timeout=10)
 
 
-def _read(server: GcsTlsServer, name: str) -> bytes:
-    # A fresh Blob: the one get_blob returns downloads from its mediaLink,
-    # which names the host the upload came through (www.googleapis.com for TF).
-    blob = server.emulator.client().bucket(EMULATOR_BUCKET).blob(name)
-    return blob.download_as_bytes(timeout=10, retry=None)
-
-
-def _exchange(port: int, head: str, body_parts=(b"",), expect_interim=False) -> tuple[bytes, bytes]:
+def _exchange(port: int, head: str, body_parts=(b"",),
+              expect_interim=False) -> tuple[bytes, bytes]:
     """Sends ``head`` then ``body_parts`` to the server; returns (interim, final) responses.
 
     With ``expect_interim`` the body waits for the server's first answer,
@@ -102,7 +96,7 @@ def test_chunked_body_with_content_length_is_stored_without_its_framing(gcs_tls)
                                            "Content-Length: 11"),
                          [b"5;ext=1\r\nhello\r\n", b"6\r\n world\r\n", b"0\r\n\r\n"])
     assert final.startswith(b"HTTP/1.0 200 ")
-    assert _read(gcs_tls, name) == b"hello world"
+    assert gcs_tls.emulator.download(name) == b"hello world"
 
 
 def test_tensorflow_tfrecord_upload_round_trips_byte_exact(gcs_tls, tf_writes):
@@ -111,7 +105,7 @@ def test_tensorflow_tfrecord_upload_round_trips_byte_exact(gcs_tls, tf_writes):
     puts = [e for e in _uploads(gcs_tls, name) if e.method == "PUT"]
     assert puts and all(e.headers.get("transfer-encoding") == "chunked"
                         and "content-length" in e.headers for e in puts)
-    assert _read(gcs_tls, name) == local.read_bytes()
+    assert gcs_tls.emulator.download(name) == local.read_bytes()
     assert results["read_back"]
 
 
@@ -140,7 +134,7 @@ def test_expect_100_continue_is_answered_before_the_body(gcs_tls):
         [b"hello"], expect_interim=True)
     assert interim == b"HTTP/1.0 100 Continue\r\n\r\n"
     assert final.startswith(b"HTTP/1.0 200 ")
-    assert _read(gcs_tls, name) == b"hello"
+    assert gcs_tls.emulator.download(name) == b"hello"
 
 
 def test_tensorflow_uploads_get_100_continue(gcs_tls, tf_writes):

@@ -46,17 +46,18 @@ def _succeed(server, *args: str) -> str:
     return proc.stdout
 
 
+def _bucket(server):
+    return server.emulator.client().bucket(EMULATOR_BUCKET)
+
+
+def _manifest(server, data: str) -> contract.Manifest:
+    return contract.Manifest.from_json(server.emulator.download(f"{data}/manifest.json").decode())
+
+
 def _names(server, prefix: str) -> set[str]:
     blobs = server.emulator.client().list_blobs(EMULATOR_BUCKET, prefix=prefix + "/",
                                                 timeout=10)
     return {b.name[len(prefix) + 1:] for b in blobs}
-
-
-def _read(server, name: str) -> bytes:
-    # A fresh Blob downloads through the client's endpoint, not the object's
-    # mediaLink (which names the host the upload came through).
-    blob = server.emulator.client().bucket(EMULATOR_BUCKET).blob(name)
-    return blob.download_as_bytes(timeout=10, retry=None)
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +96,7 @@ def trained(gcs_tls_server, dataset, root):
 
 def test_pipeline_writes_the_dataset_into_the_bucket(gcs_tls, dataset):
     names = _names(gcs_tls, dataset)
-    manifest = contract.Manifest.from_json(_read(gcs_tls, f"{dataset}/manifest.json").decode())
+    manifest = _manifest(gcs_tls, dataset)
     shards = {*manifest.split("train").files, *manifest.split("test").files}
     assert shards and shards <= names and contract.PUBLISH_JOURNAL_FILE not in names
 
@@ -111,7 +112,7 @@ def test_trainer_writes_its_outputs_to_gs(gcs_tls, trained, loop):
     for run in ("train", "validation"):
         assert [n for n in names if n.startswith(f"logs/{run}/events.out.tfevents.")], run
     assert {"export/saved_model.pb", "export/variables/variables.index"} <= names
-    metrics = json.loads(_read(gcs_tls, f"{model_dir}/metrics.json"))
+    metrics = json.loads(gcs_tls.emulator.download(f"{model_dir}/metrics.json"))
     assert metrics["loop"] == loop and metrics["train_steps"] == steps
     assert metrics["replicas"] == (2 if "--cpu_replicas=2" in LOOPS[loop] else 1)
     assert len(metrics["history"]["test_accuracy"]) == 2
@@ -128,8 +129,9 @@ def test_trainer_goes_through_tensorflows_gcs_client(gcs_tls, trained, dataset, 
     model_dir, _, _ = trained(loop)
     seen = [(e.method, e.url) for e in gcs_tls.proxy.exchanges]
     checkpoints = _quoted(f"{model_dir}/checkpoints/")
-    assert ("GET", f"https://storage.googleapis.com/{EMULATOR_BUCKET}/"
-                   f"{_quoted(dataset)}%2Fmnist-train.tfrecord-00000-of-00001") in seen
+    for shard in _manifest(gcs_tls, dataset).split("train").files:
+        assert ("GET", f"https://storage.googleapis.com/{EMULATOR_BUCKET}/"
+                       f"{_quoted(f'{dataset}/{shard}')}") in seen
     assert [u for m, u in seen if m == "POST" and checkpoints in u and "/rewriteTo/" in u]
     assert ("DELETE", f"https://www.googleapis.com/storage/v1/b/{EMULATOR_BUCKET}/o/"
                       f"{checkpoints}ckpt-{STEPS_PER_EPOCH}.index") in seen
@@ -144,8 +146,9 @@ def test_trainer_resumes_from_its_gs_checkpoint(trained, loop):
 
 def test_predict_on_the_gs_export_matches_metrics(gcs_tls, trained, dataset):
     model_dir, _, _ = trained("keras")
-    metrics = json.loads(_read(gcs_tls, f"{model_dir}/metrics.json"))
-    out = _succeed(gcs_tls, "-m", "trainer.predict", f"--model_dir=gs://{EMULATOR_BUCKET}/{model_dir}",
+    metrics = json.loads(gcs_tls.emulator.download(f"{model_dir}/metrics.json"))
+    out = _succeed(gcs_tls, "-m", "trainer.predict",
+                   f"--model_dir=gs://{EMULATOR_BUCKET}/{model_dir}",
                    f"--data=gs://{EMULATOR_BUCKET}/{dataset}", "--split=test")
     correct, total = map(int, re.search(r"^accuracy=[\d.]+ \((\d+)/(\d+)\) on split test$",
                                         out, re.M).groups())
@@ -154,30 +157,28 @@ def test_predict_on_the_gs_export_matches_metrics(gcs_tls, trained, dataset):
 
 
 def _copy_dataset(server, source: str, target: str) -> None:
-    bucket = server.emulator.client().bucket(EMULATOR_BUCKET)
+    bucket = _bucket(server)
     for name in _names(server, source):
         bucket.copy_blob(bucket.blob(f"{source}/{name}"), bucket, f"{target}/{name}",
                          timeout=10)
 
 
 def _publish_journal(server, data: str) -> str:
-    blob = server.emulator.client().bucket(EMULATOR_BUCKET).blob(
-        f"{data}/{contract.PUBLISH_JOURNAL_FILE}")
+    blob = _bucket(server).blob(f"{data}/{contract.PUBLISH_JOURNAL_FILE}")
     blob.upload_from_string(b'{"run_id": "r1"}', timeout=10)
     return "interrupted publish"
 
 
 def _resize_shard(server, data: str) -> str:
-    manifest = contract.Manifest.from_json(_read(server, f"{data}/manifest.json").decode())
-    shard = manifest.split("train").files[0]
-    blob = server.emulator.client().bucket(EMULATOR_BUCKET).blob(f"{data}/{shard}")
-    blob.upload_from_string(_read(server, f"{data}/{shard}")[:-1], timeout=10)
-    return f"{shard}: {manifest.split('train').shards[0].num_bytes - 1} bytes, but"
+    shard = _manifest(server, data).split("train").shards[0]
+    name = f"{data}/{shard.file}"
+    _bucket(server).blob(name).upload_from_string(server.emulator.download(name)[:-1],
+                                                  timeout=10)
+    return f"{shard.file}: {shard.num_bytes - 1} bytes, but"
 
 
 def _drop_manifest(server, data: str) -> str:
-    server.emulator.client().bucket(EMULATOR_BUCKET).blob(f"{data}/manifest.json").delete(
-        timeout=10)
+    _bucket(server).blob(f"{data}/manifest.json").delete(timeout=10)
     return "manifest.json: no manifest.json"
 
 
