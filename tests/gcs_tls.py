@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime
 import os
 import select
+import signal
 import socket
 import ssl
 import subprocess
@@ -28,6 +29,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.helpers import GcsEmulator, free_port
 
 GOOGLE_HOSTS = ("www.googleapis.com", "storage.googleapis.com")
 IDLE_SECONDS = 60  # a relay with no traffic either way for this long is dropped
@@ -204,7 +207,6 @@ class GcsTlsServer:
     gs:// client (and google-cloud-storage) to them, for subprocesses only."""
 
     def __init__(self, folder: Path):
-        from tests.helpers import GcsEmulator, free_port
         self.folder = folder
         self.log_path = folder / "emulator.log"
         self.emulator = GcsEmulator(free_port(), log_path=self.log_path)
@@ -250,7 +252,8 @@ class GcsTlsServer:
         return env
 
     def server_errors(self) -> list[str]:
-        """The log lines (from `HANDLER_FAILURES` to the end) of handler exceptions."""
+        """The first handler exception in the server's log and the 40 lines
+        from there (its traceback); [] while there is none."""
         lines = self.log_path.read_text(errors="replace").splitlines()
         first = next((i for i, line in enumerate(lines)
                       if any(marker in line for marker in HANDLER_FAILURES)), None)
@@ -259,16 +262,18 @@ class GcsTlsServer:
     def run(self, args: list[str], timeout: float, **popen) -> subprocess.CompletedProcess:
         """Runs ``args`` with `env`; kills it and fails as soon as the server
         logs a handler exception, or when ``timeout`` seconds have passed."""
+        # Its own process group, so that what it started goes down with it.
         proc = subprocess.Popen(args, env=self.env(), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, **popen)
+                                stderr=subprocess.PIPE, text=True, start_new_session=True,
+                                **popen)
         outputs = _collect(proc)
         deadline = time.monotonic() + timeout
         while proc.poll() is None:
-            problem = ("server error:\n" + "\n".join(self.server_errors())
-                       if self.server_errors() else
+            errors = self.server_errors()
+            problem = ("server error:\n" + "\n".join(errors) if errors else
                        f"no exit after {timeout} s" if time.monotonic() > deadline else "")
             if problem:
-                proc.kill()
+                os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
                 out, err = outputs()
                 raise AssertionError(f"{' '.join(args)}: {problem}\n{out[-2000:]}\n{err[-4000:]}")
