@@ -1,4 +1,5 @@
-"""Shared fixtures: small real-digit IDX files, trainer datasets and a local GCS API server.
+"""Shared fixtures: small real-digit IDX files, trainer datasets, a local GCS API
+server, and the same server behind TensorFlow's own gs:// client (`tests.gcs_tls`).
 
 The helpers they use, which tests also import, are in `tests.helpers`.
 """
@@ -13,6 +14,7 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import pytest  # noqa: E402
 
+from tests.gcs_tls import GcsTlsServer  # noqa: E402
 from tests.helpers import GcsEmulator, free_port, real_digits, write_idx_split  # noqa: E402
 
 
@@ -65,6 +67,28 @@ def gcs_emulator():
         os.environ.pop("STORAGE_EMULATOR_HOST", None)
     else:
         os.environ["STORAGE_EMULATOR_HOST"] = previous
+
+
+@pytest.fixture(scope="session")
+def gcs_tls_server(tmp_path_factory):
+    server = GcsTlsServer(tmp_path_factory.mktemp("gcs-tls"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def gcs_tls(gcs_tls_server):
+    """`GcsTlsServer`: pass ``gcs_tls.env()`` (or use ``gcs_tls.run``) to the
+    processes under test; the test process's own environment is untouched.
+
+    A test fails if the server logged a handler exception or the proxy was
+    asked for a host other than Google's storage endpoints while it ran.
+    """
+    refused = len(gcs_tls_server.proxy.refused)
+    yield gcs_tls_server
+    assert gcs_tls_server.server_errors() == []
+    assert gcs_tls_server.proxy.refused[refused:] == []
 
 
 def pytest_collection_modifyitems(session, config, items):

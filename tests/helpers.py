@@ -58,9 +58,10 @@ def free_port() -> int:
 class GcsEmulator:
     """A gcp-storage-emulator process on 127.0.0.1 that tests can stop and restart."""
 
-    def __init__(self, port: int, data_dir: str | None = None):
+    def __init__(self, port: int, data_dir: str | None = None, log_path: Path | None = None):
         self.port = port
         self.data_dir = data_dir  # None: in memory; else kept across restarts
+        self.log_path = log_path  # None: the server's log is dropped; else appended here
         self.host = f"http://127.0.0.1:{port}"
         self.process = None
 
@@ -69,11 +70,16 @@ class GcsEmulator:
         env = dict(os.environ)
         if self.data_dir is not None:
             env["STORAGE_BASE"] = self.data_dir
-        self.process = subprocess.Popen(
-            [sys.executable, str(REPO / "tests" / "gcs_emulator.py"), "start",
-             "--host=127.0.0.1", f"--port={self.port}", *storage_flags,
-             f"--default-bucket={EMULATOR_BUCKET}"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, str(REPO / "tests" / "gcs_emulator.py"), "start",
+                 "--host=127.0.0.1", f"--port={self.port}", *storage_flags,
+                 f"--default-bucket={EMULATOR_BUCKET}"],
+                stdout=log, stderr=log, env=env)
+        finally:
+            if self.log_path:
+                log.close()
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
@@ -94,6 +100,13 @@ class GcsEmulator:
         from google.auth.credentials import AnonymousCredentials
         return storage.Client(project="test", credentials=AnonymousCredentials(),
                               client_options={"api_endpoint": self.host})
+
+    def download(self, name: str) -> bytes:
+        """Object ``name`` of `EMULATOR_BUCKET`, fetched from this server's
+        address: a listed object's mediaLink names the host its upload came
+        through (www.googleapis.com for TensorFlow's client)."""
+        blob = self.client().bucket(EMULATOR_BUCKET).blob(name)
+        return blob.download_as_bytes(timeout=10, retry=None)
 
 
 def run_results_script(script: str, tmp, timeout: int) -> tuple[dict, str]:
