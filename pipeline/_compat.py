@@ -74,3 +74,21 @@ def add_option_class_arguments(parser, option_class) -> None:
     classmethod ``_add_argparse_args(parser)``.
     """
     option_class._add_argparse_args(parser)  # pylint: disable=protected-access
+
+
+def direct_runner_without_prism():
+    """Beam's DirectRunner, kept on its in-process runners.
+
+    Beam 2.77.0: ``DirectRunner`` is ``SwitchingDirectRunner``, whose
+    ``run_pipeline`` first tries ``PrismRunner`` for any pipeline Prism
+    supports; Prism downloads a Go binary from GitHub at run time, so offline
+    the attempt fails and the runner falls back, and online the job runs on
+    Prism instead of the FnApiRunner its local file shuffle, worker flags and
+    tests assume. The Prism attempt is skipped when the runner's
+    ``_is_interactive`` is set (what ``is_interactive()`` does), which is read
+    by that check alone.
+    """
+    from apache_beam.runners.direct.direct_runner import SwitchingDirectRunner
+    runner = SwitchingDirectRunner()
+    runner.is_interactive()
+    return runner

@@ -18,7 +18,7 @@ from apache_beam.metrics.metric import MetricsFilter
 import mnist_contract as contract
 
 from pipeline import options as job_options
-from pipeline import progress, storage
+from pipeline import _compat, progress, storage
 from pipeline.errors import PipelineInputError, StorageError, as_pipeline_error
 from pipeline.options import Options
 from pipeline.publish.output import OutputLayout, finalize, prepare_output, remove_temp
@@ -34,6 +34,18 @@ def _check_sharding(options: Options) -> None:
             options, {s: source.estimated_examples(s) for s in options.splits})
     except job_options.FlagError as e:
         raise PipelineInputError(str(e)) from None
+
+
+def _runner(name: str):
+    """The runner object for ``--runner=name``, or None to let Beam make it.
+
+    Beam's DirectRunner would try to download and run Prism first
+    (`pipeline._compat.direct_runner_without_prism`); the job's local runs
+    stay on the in-process runners its file shuffle is built for.
+    """
+    if name in ("DirectRunner", "SwitchingDirectRunner"):
+        return _compat.direct_runner_without_prism()
+    return None
 
 
 def _report_counters(result, splits: Sequence[str]) -> dict[str, int]:
@@ -99,7 +111,7 @@ def _run_beam(options: Options, layout: OutputLayout):
     try:
         settings = transforms.ConvertSettings.from_options(
             options, layout.temp_dir, layout.shard_list_path)
-        p = beam.Pipeline(options=options.beam)
+        p = beam.Pipeline(runner=_runner(options.runner), options=options.beam)
         _ = p | "Convert" >> transforms.convert(settings, options.shuffle_mode)
         with progress.ProgressLogger(layout.temp_dir,
                                      SHARDS.record_bytes(options.image_format)):

@@ -214,3 +214,18 @@ def test_tfds_source_reads_a_prepared_tfds_mnist(tmp_path, idx_dir, digits):
     theirs = sorted(zip(map(bytes, images), labels.tolist()))
     assert ours == theirs
     assert sorted(indices) == list(range(len(labels)))
+
+
+def test_direct_runner_jobs_never_try_prism(idx_dir, tmp_path, monkeypatch):
+    """Beam's DirectRunner tries Prism first, which downloads a binary at run time."""
+    from apache_beam.runners.portability import prism_runner
+    attempts = []
+
+    def refuse(self, *args, **kwargs):
+        attempts.append(args)
+        raise RuntimeError("the job must not run on Prism")
+
+    monkeypatch.setattr(prism_runner.PrismRunner, "run_pipeline", refuse)
+    manifest = run_job(idx_dir, tmp_path / "out")
+    assert attempts == []
+    assert manifest.split("train").num_examples == 360
