@@ -37,7 +37,8 @@ sys.path.insert(0, str(REPO / "scripts"))
 import launch_common as lc  # noqa: E402
 import tpu_vm_commands as tc  # noqa: E402
 
-CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mnist-tpu"
+USER_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+CACHE = USER_CACHE / "mnist-tpu"
 # The system interpreter, as a host has it: not a virtualenv's, not pyenv's.
 SYSTEM_DIRS = "/usr/local/bin:/usr/bin:/bin"
 SUPPORTED_PYTHONS = ((3, 10), (3, 11), (3, 12))
@@ -91,8 +92,7 @@ def host_env(home: Path, python: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PYTHON", "VIRTUAL_ENV", "TF_", "TPU_"))}
     env.update(HOME=str(home), PATH=f"{home}/.local/bin:{bin_dir}:{SYSTEM_DIRS}",
-               PIP_CACHE_DIR=os.environ.get("PIP_CACHE_DIR")
-               or str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pip"),
+               PIP_CACHE_DIR=os.environ.get("PIP_CACHE_DIR") or str(USER_CACHE / "pip"),
                PIP_BREAK_SYSTEM_PACKAGES="1", TPU_SKIP_MDS_QUERY="1")
     return env
 
