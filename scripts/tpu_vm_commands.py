@@ -144,7 +144,8 @@ def _check_import(cfg: TpuConfig) -> str:
                 f'available in this library); {fix}" >&2')
     other = (f'echo "error: $(hostname): the import check failed: '
              f'$(tail -n 1 {CHECK_LOG}) (full output in {CHECK_LOG})" >&2')
-    return (f"mkdir -p {REMOTE_DIR}; if ! {_IMPORT} 2> {CHECK_LOG}; then "
+    # In braces, so bash's own "Aborted" notice goes to the log as well.
+    return (f"mkdir -p {REMOTE_DIR}; if ! {{ {_IMPORT}; }} 2> {CHECK_LOG}; then "
             f"{_LIBTPU_VERSION}; {_MISSING}; "
             f'if [ -n "$MISSING" ]; then {mismatch}; else {other}; fi; '
             "exit 1; fi")
