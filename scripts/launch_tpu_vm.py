@@ -44,9 +44,10 @@ TensorFlow with one that finds no TPU, so the wheel is installed with
 
 * default for one-host slices: a plain TPU OS image (``tpu-ubuntu2204-base``
   for v2/v3/v4, ``v2-alpha-tpuv5`` for v5p, ``v2-alpha-tpuv5-lite`` for v5e,
-  ``v2-alpha-tpuv6e`` for v6e) plus ``pip install tensorflow-tpu==2.20.0``
-  with TensorFlow's libtpu index as ``--find-links``; ``--libtpu=libtpu==X``
-  pins the runtime library if the resolved one does not match.
+  ``v2-alpha-tpuv6e`` for v6e) plus ``pip install tensorflow-tpu==2.20.0
+  libtpu==0.0.31`` from PyPI: the newest libtpu that this TensorFlow loads
+  (docs/tpu_vm_stack.md). ``--libtpu=libtpu==X`` pins another; setup ends
+  with one ``error:`` line on a host where it does not load.
 * a TensorFlow runtime image (``--runtime_version=tpu-vm-tf-...``), whose
   preinstalled TensorFlow and libtpu are kept (``--tensorflow=preinstalled``
   is then the default). Multi-host slices need one of the ``-pod`` images:
@@ -83,8 +84,8 @@ from typing import Callable, Mapping, Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import launch_common as lc  # noqa: E402
-from tpu_vm_commands import (DEFAULT_DIST_DIR, DEFAULT_TENSORFLOW,  # noqa: E402
-                             PREINSTALLED, REMOTE_DIR, TpuConfig,
+from tpu_vm_commands import (DEFAULT_DIST_DIR, DEFAULT_LIBTPU,  # noqa: E402
+                             DEFAULT_TENSORFLOW, PREINSTALLED, REMOTE_DIR, TpuConfig,
                              parse_status, phases, plan,
                              summarize_status)
 
@@ -148,7 +149,9 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
                         help=f"pip requirement for TPU TensorFlow, or "
                              f"'{PREINSTALLED}' (default: {DEFAULT_TENSORFLOW}"
                              f" on OS images, {PREINSTALLED} on tpu-vm-tf-*)")
-    common.add_argument("--libtpu", help="optional pin, e.g. libtpu==0.0.17")
+    common.add_argument("--libtpu",
+                        help=f"libtpu pip requirement (default with "
+                             f"{DEFAULT_TENSORFLOW}: {DEFAULT_LIBTPU})")
     common.add_argument("--spot", action="store_true", help="Spot TPU VM")
     common.add_argument("--data", help="gs:// folder the pipeline wrote")
     common.add_argument("--model_dir", help="gs:// folder for checkpoints")

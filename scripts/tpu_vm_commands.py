@@ -26,15 +26,28 @@ STATUS_PREFIX = "mnist-train:"
 _STATUS_RE = re.compile(re.escape(STATUS_PREFIX) + r" (?P<state>running|"
                         r"exited status=(?P<code>\d+)|stopped|not started)")
 DEFAULT_TENSORFLOW = "tensorflow-tpu==2.20.0"
+# The newest libtpu that tensorflow-tpu 2.20.0 loads (docs/tpu_vm_stack.md
+# has the versions tried); the build itself accepts any libtpu~=0.0.14.
+DEFAULT_LIBTPU = "libtpu==0.0.31"
 PREINSTALLED = "preinstalled"
 LIBTPU_FIND_LINKS = "https://storage.googleapis.com/libtpu-tf-releases/index.html"
 DEFAULT_DIST_DIR = lc.REPO_ROOT / "dist" / "tpu_vm"
+# Where the install check leaves the import's full output on each host.
+CHECK_LOG = f"{REMOTE_DIR}/install-check.log"
 # Remote shell fragments. They use double quotes only, so that the one level
 # of single quotes shlex adds around ``--command=...`` stays readable.
-_TF_VERSION = ('TF_VERSION="$(python3 -c '
+# TPU_LOAD_LIBRARY=0: reading the version must not load libtpu, which aborts
+# the process when it does not match (the check below reports that).
+_TF_VERSION = ('TF_VERSION="$(TPU_LOAD_LIBRARY=0 python3 -c '
                '"import tensorflow as tf; print(tf.__version__)")"')
-_CHECK = ('python3 -c "import tensorflow as tf, tf_keras, trainer; '
-          'print(tf.__version__, tf_keras.__version__)"')
+_IMPORT = ('python3 -c "import tensorflow as tf, tf_keras, trainer; '
+           'print(tf.__version__, tf_keras.__version__)"')
+_LIBTPU_VERSION = ('LIBTPU_VERSION="$(python3 -m pip show libtpu 2>/dev/null'
+                   ' | sed -n "s/^Version: //p")"')
+# The symbol a mismatched libtpu lacks, from TensorFlow's fatal log line
+# ``F ...tpu_executor_init_fns.inc:128] NAME not available in this library.``
+_MISSING = ('MISSING="$(sed -n "s/.*\\] \\([A-Za-z0-9_]*\\) not available '
+            f'in this library.*/\\1/p" {CHECK_LOG} | head -n 1)"')
 
 
 @dataclasses.dataclass
@@ -83,8 +96,71 @@ def create_commands(cfg: TpuConfig) -> list[lc.Command]:
     return [cmd]
 
 
+def libtpu_requirement(cfg: TpuConfig) -> str | None:
+    """``--libtpu``, else the pin that matches the default TensorFlow.
+
+    A TensorFlow chosen with ``--tensorflow`` (or preinstalled) keeps the
+    libtpu it resolves or ships with unless ``--libtpu`` is given.
+    """
+    if cfg.libtpu:
+        return cfg.libtpu
+    return DEFAULT_LIBTPU if cfg.tensorflow == DEFAULT_TENSORFLOW else None
+
+
+def _pip_install_tensorflow(cfg: TpuConfig) -> list[str]:
+    """The ``pip install`` of TensorFlow and libtpu, if there is one.
+
+    The default pair comes from PyPI alone. Another TPU build may depend on
+    a libtpu that only TensorFlow's libtpu index serves, so that index is
+    passed as ``--find-links`` for a TensorFlow given with ``--tensorflow``.
+    """
+    packages = [] if cfg.tensorflow == PREINSTALLED else [cfg.tensorflow]
+    libtpu = libtpu_requirement(cfg)
+    if libtpu:
+        packages.append(libtpu)
+    if not packages:
+        return []
+    pip = ["python3", "-m", "pip", "install", "--user", *packages]
+    if cfg.tensorflow not in (PREINSTALLED, DEFAULT_TENSORFLOW):
+        pip += ["-f", LIBTPU_FIND_LINKS]
+    return [shlex.join(pip)]
+
+
+def _check_import(cfg: TpuConfig) -> str:
+    """Import TensorFlow with libtpu, tf-keras and the trainer; one line if not.
+
+    A libtpu that does not match TensorFlow aborts the process from C++
+    (``F ... NAME not available in this library``, exit 134) while
+    ``import tensorflow`` loads it. The import's output goes to
+    ``CHECK_LOG``; on failure the host prints one ``error:`` line naming
+    the libtpu, the TensorFlow and the missing symbol, and the script
+    exits 1.
+    """
+    fix = (f"pass --libtpu={DEFAULT_LIBTPU}, the libtpu that loads with it"
+           if cfg.tensorflow == DEFAULT_TENSORFLOW
+           else "pass --libtpu=libtpu==X with a libtpu that matches it")
+    mismatch = (f'echo "error: $(hostname): libtpu ${{LIBTPU_VERSION:-?}} '
+                'does not load with TensorFlow $TF_VERSION ($MISSING not '
+                f'available in this library); {fix}" >&2')
+    other = (f'echo "error: $(hostname): the import check failed: '
+             f'$(tail -n 1 {CHECK_LOG}) (full output in {CHECK_LOG})" >&2')
+    # In braces, so bash's own "Aborted" notice goes to the log as well.
+    return (f"mkdir -p {REMOTE_DIR}; if ! {{ {_IMPORT}; }} 2> {CHECK_LOG}; then "
+            f"{_LIBTPU_VERSION}; {_MISSING}; "
+            f'if [ -n "$MISSING" ]; then {mismatch}; else {other}; fi; '
+            "exit 1; fi")
+
+
 def install_script(cfg: TpuConfig, pyproject: Mapping) -> str:
     """The shell command every host runs to install TensorFlow + project.
+
+    TensorFlow and libtpu: tensorflow-tpu 2.20.0 accepts any libtpu~=0.0.14,
+    and pip picks the newest, which aborts ``import tensorflow``; only the
+    full import tells which libtpu loads, and 0.0.31 is the newest that does
+    (``DEFAULT_LIBTPU``; the versions tried are in docs/tpu_vm_stack.md).
+    Both come from PyPI, so TensorFlow's libtpu index is not needed for
+    them. The last step imports everything and turns a mismatch into one
+    ``error:`` line (`_check_import`).
 
     tf-keras declares a dependency on the ``tensorflow`` distribution, which
     a TPU build (``tensorflow-tpu``) does not provide; installing it with its
@@ -92,19 +168,13 @@ def install_script(cfg: TpuConfig, pyproject: Mapping) -> str:
     same import package. Hence ``--no-deps`` for tf-keras (pinned to the
     installed TensorFlow's minor version) and for this project's wheel.
     """
-    steps = ["set -e", "cd ~"]
-    if cfg.tensorflow != PREINSTALLED:
-        pip = ["python3", "-m", "pip", "install", "--user", cfg.tensorflow]
-        if cfg.libtpu:
-            pip.append(cfg.libtpu)
-        steps.append(shlex.join(pip + ["-f", LIBTPU_FIND_LINKS]))
-    steps.append(_TF_VERSION)
+    steps = ["set -e", "cd ~", *_pip_install_tensorflow(cfg), _TF_VERSION]
     steps.append('python3 -m pip install --user --no-deps '
                  '"tf-keras~=${TF_VERSION%.*}.0"')
     steps.append(shlex.join(["python3", "-m", "pip", "install", "--user",
                              "--no-deps", "--force-reinstall",
                              wheel_name(pyproject)]))
-    steps.append(_CHECK)
+    steps.append(_check_import(cfg))
     return "; ".join(steps)
 
 

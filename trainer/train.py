@@ -102,6 +102,8 @@ def _check_inputs(config: TrainConfig, strategy: tf.distribute.Strategy,
                                   split.compression_type, manifest_path)
     replicas = strategy.num_replicas_in_sync
     config.check_replicas(replicas)
+    if config.jit_compile:
+        strategy_lib.check_jit_compile(strategy)
     steps_per_epoch = data.steps_per_epoch(train_files, config)
     hosts = strategy_lib.num_hosts(strategy)
     log.info("%s; %d train / %d test examples; %d steps per epoch; global batch %d "

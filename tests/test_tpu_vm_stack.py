@@ -1,0 +1,203 @@
+"""The software a TPU VM host gets, checked here without a TPU.
+
+`tests.tpu_vm_stack` builds the host's environment with the launcher's own
+install script (tensorflow-tpu, the pinned libtpu, tf-keras, the project
+wheel). On it: TensorFlow imports with libtpu loaded, the trainer asked for
+a TPU that is not there ends with one line, and the trainer tests that
+cover what a TPU run uses (both loops, two replicas, bfloat16 and the TPU
+preset, resume, export, predict) pass on that TensorFlow with libtpu left
+unloaded (``TPU_LOAD_LIBRARY=0``: tensorflow-tpu as CPU TensorFlow).
+
+The install check's reply to a libtpu that aborts TensorFlow is checked
+first, against a stand-in ``python3`` (no second libtpu to download).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests import tpu_vm_stack
+from tests.helpers import REPO
+from tests.test_launchers import PYPROJECT, fake_program
+
+tc = tpu_vm_stack.tc
+
+# TensorFlow's last words when libtpu 0.0.32 is loaded by tensorflow-tpu 2.20.0.
+ABORT = ("2026-12-01 09:19:22.682455: F external/local_xla/xla/stream_executor/"
+         "tpu/tpu_executor_init_fns.inc:128] TpuExecutable_FreeMaybeOwningDevice"
+         "MemoryArray not available in this library.")
+
+# The trainer tests run on the host's TensorFlow, and the behaviour each one
+# needs: what a TPU run does (loops, replicas, bfloat16, resume, export).
+STACK_TESTS = ["tests/test_trainer_distributed.py", "tests/test_trainer_export.py",
+               "tests/test_trainer_cli.py", "tests/test_trainer_units.py"]
+# Left out, until the tests carry the ``tf221`` marker themselves:
+DESELECT = [
+    # tf221: XLA on the CPU; the TPU build has no XLA CPU backend.
+    "tests/test_trainer_units.py::test_train_step_compiles_with_xla_on_cpu",
+    "tests/test_trainer_export.py::test_augmented_model_compiles_with_xla",
+    # Its subprocess gets a made-up environment without HOME (so no user
+    # site, where the host's TensorFlow is) and without TPU_LOAD_LIBRARY.
+    "tests/test_trainer_units.py::test_importing_the_trainer_never_imports_beam_or_the_pipeline",
+    # Needs the pipeline (Apache Beam), which a TPU host does not install.
+    "tests/test_trainer_units.py::test_the_pipeline_never_imports_the_trainer",
+]
+
+
+# ------------------------------------------- the install check, stand-in
+
+def check_with_stand_in(tmp_path: Path, import_stderr: str, code: int,
+                        cfg: tc.TpuConfig | None = None) -> subprocess.CompletedProcess:
+    """The install script against a ``python3`` whose TensorFlow import fails.
+
+    Exit status 134 is a death by SIGABRT, as TensorFlow's fatal log ends.
+    """
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (tmp_path / "import.err").write_text(import_stderr + "\n")
+    fake_program(bin_dir / "python3", f"""
+case "$*" in
+  *"print(tf.__version__)"*) echo 2.20.0 ;;
+  *"import tensorflow as tf, tf_keras, trainer"*)
+    cat {shlex.quote(str(tmp_path / 'import.err'))} >&2
+    if [ {code} = 134 ]; then kill -ABRT $$; fi; exit {code} ;;
+  *"pip show libtpu"*) printf "Name: libtpu\\nVersion: 0.0.32\\n" ;;
+esac
+""")
+    cfg = cfg or tc.TpuConfig(name="n", zone="z")
+    env = dict(os.environ, HOME=str(tmp_path),
+               PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    return subprocess.run(["bash", "-c", tc.install_script(cfg, PYPROJECT)], env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_a_libtpu_that_aborts_tensorflow_is_one_line(tmp_path):
+    proc = check_with_stand_in(tmp_path, "WARNING: noise\n" + ABORT, 134)
+    assert proc.returncode == 1
+    [line] = proc.stderr.splitlines()
+    assert re.fullmatch(
+        r"error: \S+: libtpu 0\.0\.32 does not load with TensorFlow 2\.20\.0 "
+        r"\(TpuExecutable_FreeMaybeOwningDeviceMemoryArray not available in this "
+        r"library\); pass --libtpu=libtpu==0\.0\.31, the libtpu that loads with it",
+        line), line
+    assert ABORT in (tmp_path / "mnist-tpu" / "install-check.log").read_text()
+
+
+def test_another_tensorflow_gets_no_pin_to_pass(tmp_path):
+    cfg = tc.TpuConfig(name="n", zone="z", tensorflow="tensorflow-tpu==2.19.0")
+    proc = check_with_stand_in(tmp_path, ABORT, 134, cfg)
+    [line] = proc.stderr.splitlines()
+    assert line.endswith("; pass --libtpu=libtpu==X with a libtpu that matches it")
+
+
+def test_any_other_import_failure_is_its_last_line(tmp_path):
+    proc = check_with_stand_in(
+        tmp_path, "Traceback (most recent call last):\n  ...\n"
+        "ModuleNotFoundError: No module named 'tf_keras'", 1)
+    assert proc.returncode == 1
+    [line] = proc.stderr.splitlines()
+    assert line.endswith(": the import check failed: ModuleNotFoundError: No module "
+                         "named 'tf_keras' (full output in ~/mnist-tpu/install-check.log)")
+
+
+def test_the_tpu_extra_pins_what_the_hosts_install():
+    assert tpu_vm_stack.lc.extra_requirements(PYPROJECT, "tpu") == [
+        tc.DEFAULT_TENSORFLOW, tc.DEFAULT_LIBTPU]
+
+
+def test_the_jit_compile_check_passes_where_xla_runs_on_the_cpu():
+    """This suite's own TensorFlow (2.21, CPU) compiles with XLA: no error."""
+    import tensorflow as tf
+    from trainer import strategy as strategy_lib
+    strategy_lib.check_jit_compile(tf.distribute.get_strategy())
+
+
+# ------------------------------------------------------ the real stack
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory) -> tpu_vm_stack.Stack:
+    try:
+        return tpu_vm_stack.build(tmp_path_factory.mktemp("tpu-vm-dist"))
+    except tpu_vm_stack.Unavailable as e:
+        pytest.skip(f"cannot build a TPU VM host's environment here: {e}")
+
+
+def run_on_host(stack, args: list[str], cwd: Path, timeout: float = 300,
+                **env: str) -> subprocess.CompletedProcess:
+    return tpu_vm_stack.run(["python3", *args], dict(stack.env, **env), cwd, timeout)
+
+
+VERSIONS = """
+import json, importlib.metadata as m
+import tensorflow as tf, tf_keras
+print(json.dumps({"tensorflow": tf.__version__, "tf_keras": tf_keras.__version__,
+                  "libtpu": m.version("libtpu"),
+                  "devices": [d.device_type for d in tf.config.list_logical_devices()]}))
+"""
+
+
+@pytest.mark.slow
+def test_tensorflow_imports_with_the_pinned_libtpu(stack, tmp_path):
+    # The install script's own check printed TensorFlow's and tf-keras's versions.
+    assert re.search(r"^2\.20\.0 2\.20\.\d+$", stack.install_output, re.M), \
+        stack.install_output[-2000:]
+    proc = run_on_host(stack, ["-c", VERSIONS], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    found = json.loads(proc.stdout.splitlines()[-1])
+    assert found["tensorflow"] == "2.20.0"
+    assert re.fullmatch(r"2\.20\.\d+", found["tf_keras"])
+    assert "libtpu==" + found["libtpu"] == tc.DEFAULT_LIBTPU
+    # libtpu was loaded: it registers the TPU system device (no TPU cores here).
+    assert "TPU_SYSTEM" in found["devices"]
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    from tests import trainer_data
+    folder = tmp_path_factory.mktemp("stack-data")
+    trainer_data.write_dataset(str(folder), num_train=32, num_test=8)
+    return folder
+
+
+@pytest.mark.slow
+def test_tpu_strategy_off_a_tpu_is_one_error_line(stack, dataset, tmp_path):
+    # From the installed wheel (cwd is not the source tree), libtpu loaded.
+    proc = run_on_host(stack, ["-m", "trainer", "--strategy=tpu", "--tpu=local",
+                               f"--data={dataset}", f"--model_dir={tmp_path}/m"],
+                       tmp_path)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    errors = [l for l in proc.stderr.splitlines() if l.startswith("error:")]
+    assert errors and errors == proc.stderr.splitlines()[-1:], proc.stderr[-3000:]
+    assert errors[0].startswith("error: --tpu=local: no TPU found")
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_jit_compile_off_a_tpu_is_one_error_line(stack, dataset, tmp_path):
+    proc = run_on_host(stack, ["-m", "trainer", "--jit_compile=true", "--strategy=default",
+                               f"--data={dataset}", f"--model_dir={tmp_path}/m"],
+                       tmp_path, TPU_LOAD_LIBRARY="0")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    last = proc.stderr.splitlines()[-1]
+    assert last.startswith("error: --jit_compile=true off a TPU: this TensorFlow "
+                           "build has no XLA CPU backend ("), proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_trainer_tests_pass_on_the_tpu_build(stack, tmp_path):
+    args = ["-m", "pytest", "-p", "no:cacheprovider", "-q", "-m", "not tf221",
+            f"--basetemp={tmp_path}/t", *STACK_TESTS,
+            *(f"--deselect={d}" for d in DESELECT)]
+    proc = run_on_host(stack, args, REPO, timeout=900, TPU_LOAD_LIBRARY="0",
+                       TF_CPP_MIN_LOG_LEVEL="2")
+    summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    assert re.search(r"\d+ passed", summary) and "failed" not in summary, summary
