@@ -36,19 +36,12 @@ ABORT = ("2026-12-01 09:19:22.682455: F external/local_xla/xla/stream_executor/"
 
 # The trainer tests run on the host's TensorFlow, and the behaviour each one
 # needs: what a TPU run does (loops, replicas, bfloat16, resume, export).
+# The trainer tests of both loops, two replicas, bfloat16 and the tpu preset,
+# resume, export and predict; tests marked ``tf221`` need the CPU build.
 STACK_TESTS = ["tests/test_trainer_distributed.py", "tests/test_trainer_export.py",
-               "tests/test_trainer_cli.py", "tests/test_trainer_units.py"]
-# Left out, until the tests carry the ``tf221`` marker themselves:
-DESELECT = [
-    # tf221: XLA on the CPU; the TPU build has no XLA CPU backend.
-    "tests/test_trainer_units.py::test_train_step_compiles_with_xla_on_cpu",
-    "tests/test_trainer_export.py::test_augmented_model_compiles_with_xla",
-    # Its subprocess gets a made-up environment without HOME (so no user
-    # site, where the host's TensorFlow is) and without TPU_LOAD_LIBRARY.
-    "tests/test_trainer_units.py::test_importing_the_trainer_never_imports_beam_or_the_pipeline",
-    # Needs the pipeline (Apache Beam), which a TPU host does not install.
-    "tests/test_trainer_units.py::test_the_pipeline_never_imports_the_trainer",
-]
+               "tests/test_trainer_cli.py", "tests/test_trainer_loops.py",
+               "tests/test_trainer_model.py", "tests/test_trainer_strategy.py",
+               "tests/test_trainer_imports.py"]
 
 
 # ------------------------------------------- the install check, stand-in
@@ -194,8 +187,7 @@ def test_jit_compile_off_a_tpu_is_one_error_line(stack, dataset, tmp_path):
 @pytest.mark.slow
 def test_trainer_tests_pass_on_the_tpu_build(stack, tmp_path):
     args = ["-m", "pytest", "-p", "no:cacheprovider", "-q", "-m", "not tf221",
-            f"--basetemp={tmp_path}/t", *STACK_TESTS,
-            *(f"--deselect={d}" for d in DESELECT)]
+            f"--basetemp={tmp_path}/t", *STACK_TESTS]
     proc = run_on_host(stack, args, REPO, timeout=900, TPU_LOAD_LIBRARY="0",
                        TF_CPP_MIN_LOG_LEVEL="2")
     summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""

@@ -112,6 +112,7 @@ def test_affine_warp_geometry():
     np.testing.assert_allclose(turned, np.rot90(x.numpy(), -1, axes=(1, 2)), atol=1e-5)
 
 
+@pytest.mark.tf221  # the TPU build of TensorFlow has no XLA CPU backend
 def test_augmented_model_compiles_with_xla():
     """jit_compile keeps working with augmentation in the model (the TPU path)."""
     images, labels = real_digits(32)

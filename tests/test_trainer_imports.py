@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -13,8 +14,8 @@ def test_importing_the_trainer_never_imports_beam_or_the_pipeline():
     code = textwrap.dedent("""
         import importlib, pkgutil, sys
         import trainer
-        for module in pkgutil.iter_modules(trainer.__path__):
-            importlib.import_module("trainer." + module.name)
+        for module in pkgutil.walk_packages(trainer.__path__, "trainer."):
+            importlib.import_module(module.name)
         import tensorflow as tf, tf_keras
         assert "apache_beam" not in sys.modules, "apache_beam imported"
         leaked = sorted(m for m in sys.modules if m.split(".")[0] == "pipeline")
@@ -23,23 +24,10 @@ def test_importing_the_trainer_never_imports_beam_or_the_pipeline():
         assert tf.keras.Model is tf_keras.Model, "tf.keras is not tf-keras"
         print("ok")
     """)
-    env = {"PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "2"}  # no TF_USE_LEGACY_KERAS
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
-
-
-def test_the_pipeline_never_imports_the_trainer():
-    code = textwrap.dedent("""
-        import importlib, pkgutil, sys
-        import pipeline
-        for module in pkgutil.iter_modules(pipeline.__path__):
-            importlib.import_module("pipeline." + module.name)
-        leaked = sorted(m for m in sys.modules if m.split(".")[0] == "trainer")
-        assert not leaked, f"the pipeline imported {leaked}"
-        print("ok")
-    """)
-    env = {"PATH": "/usr/bin:/bin", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    # Without TF_USE_LEGACY_KERAS: the trainer sets it itself. The rest of the
+    # environment stays (a TPU VM's TensorFlow is in the user site, under HOME).
+    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from tests import trainer_data
@@ -13,6 +14,7 @@ from trainer import controller as controller_lib, custom_loop, data, model as mo
 from trainer.config import TrainConfig
 
 
+@pytest.mark.tf221  # the TPU build of TensorFlow has no XLA CPU backend
 def test_train_step_compiles_with_xla_on_cpu():
     """jit_compile=True: the TPU-safety check that runs without a TPU."""
     out = f"ram://xla-{uuid.uuid4().hex}"
