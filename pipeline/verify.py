@@ -23,7 +23,7 @@ import zlib
 from typing import BinaryIO, Callable, Optional
 
 import mnist_contract as contract
-from pipeline import credentials, storage
+from pipeline import credentials, preview, storage
 from pipeline.errors import PipelineInputError
 
 # Records are decoded by `mnist_contract.wire`, and local files read without
@@ -166,16 +166,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    parser = _parser()
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     if args.preview_count < 1:
-        parser.error(f"--preview_count={args.preview_count}: must be >= 1")
+        print(f"error: --preview_count={args.preview_count}: must be >= 1", file=sys.stderr)
+        return 2
     try:
         credentials.require([args.output], None)
     except PipelineInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    from pipeline import preview
     collector = preview.PreviewCollector(args.preview_count) if args.preview else None
     try:
         manifest = verify(args.output, collector)

@@ -102,7 +102,5 @@ def test_unwritable_preview_is_one_line(tmp_path, idx_dir, capsys):
 
 
 def test_preview_count_must_be_positive(tmp_path, capsys):
-    with pytest.raises(SystemExit) as exit_info:
-        main([str(tmp_path), f"--preview={tmp_path}/p.png", "--preview_count=0"])
-    assert exit_info.value.code == 2
-    assert "--preview_count=0: must be >= 1" in capsys.readouterr().err
+    assert main([str(tmp_path), f"--preview={tmp_path}/p.png", "--preview_count=0"]) == 2
+    assert capsys.readouterr().err == "error: --preview_count=0: must be >= 1\n"
