@@ -1,4 +1,4 @@
-"""Serialized ``tf.train.Example`` bytes built straight from the protobuf wire format.
+"""Serialized ``tf.train.Example`` bytes, built and read straight in the protobuf wire format.
 
 `examples.encode_example` builds a proto object per record, which costs tens
 of microseconds each; converting 700,000 records spent most of its time
@@ -14,8 +14,12 @@ is a fixed layout:
 Every length-delimited field is ``tag | varint length | payload``. Parts that
 depend only on a length or a small value are cached, so a record costs a few
 concatenations. The contract tests check the result byte for byte against
-``tf.train.Example.SerializeToString(deterministic=True)``. Standard library
-and numpy only (PNG images need Pillow), so the conversion job runs without
+``tf.train.Example.SerializeToString(deterministic=True)``.
+
+`decode_example` reads any serialized Example (`parse_example`) and checks it
+against `spec.FEATURES`; the contract tests compare it with
+``tf.io.parse_single_example``. Standard library and numpy only (PNG images
+need Pillow), so the conversion job and ``pipeline.verify`` run without
 importing TensorFlow.
 """
 
@@ -159,4 +163,183 @@ def encode_examples(values: dict[str, Sequence], image_format: str) -> list[byte
             # Example{1: Features{...}}: tag and length of the Features message.
             head = heads[len(features)] = b"\x0a" + varint(len(features))
         out.append(head + features)
+    return out
+
+
+# --- Decoding ------------------------------------------------------------------
+#
+# The reader accepts any valid serialization, not only the fixed layout above:
+# fields in any order, a message field given more than once (merged), map
+# entries repeated (the last wins), int64 and float lists packed or not.
+
+_BYTES, _FLOAT, _INT64 = 1, 2, 3  # Feature's oneof fields
+_KINDS = {_BYTES: "bytes", _FLOAT: "float", _INT64: "int64"}
+
+
+def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= len(data) or shift > 63:
+            raise ValueError("truncated or overlong varint")
+        byte = data[pos]
+        value |= (byte & 0x7F) << shift
+        pos, shift = pos + 1, shift + 7
+        if byte < 0x80:
+            return value & _UINT64, pos
+
+
+def _fields(data: bytes):
+    """Yields ``(field number, wire type, value)`` of a message: ints, or bytes for
+    length-delimited fields (packed lists, strings, messages)."""
+    pos = 0
+    while pos < len(data):
+        key, pos = _read_varint(data, pos)
+        number, wire_type = key >> 3, key & 7
+        if number == 0:
+            raise ValueError("field number 0")
+        if wire_type == 0:
+            value, pos = _read_varint(data, pos)
+        elif wire_type in (1, 5):
+            size = 8 if wire_type == 1 else 4
+            if pos + size > len(data):
+                raise ValueError("truncated fixed-size field")
+            value, pos = int.from_bytes(data[pos:pos + size], "little"), pos + size
+        elif wire_type == 2:
+            size, pos = _read_varint(data, pos)
+            if pos + size > len(data):
+                raise ValueError("length-delimited field runs past the end")
+            value, pos = data[pos:pos + size], pos + size
+        else:
+            raise ValueError(f"unsupported wire type {wire_type}")
+        yield number, wire_type, value
+
+
+def _list_values(kind: int, data: bytes) -> list:
+    """The values of a BytesList, FloatList or Int64List message."""
+    values: list = []
+    for number, wire_type, value in _fields(data):
+        if number != 1:
+            continue  # an unknown field, skipped as protobuf does
+        if kind == _BYTES and wire_type == 2:
+            values.append(bytes(value))
+        elif kind == _INT64 and wire_type in (0, 2):
+            unsigned = [value] if wire_type == 0 else _packed_varints(value)
+            values.extend(v - (1 << 64) if v >> 63 else v for v in unsigned)
+        elif kind == _FLOAT and wire_type in (2, 5):
+            packed = value if wire_type == 2 else value.to_bytes(4, "little")
+            if len(packed) % 4:
+                raise ValueError("packed float list of a length not a multiple of 4")
+            values.extend(np.frombuffer(packed, "<f4").tolist())
+        else:
+            raise ValueError(f"{_KINDS[kind]} list value of wire type {wire_type}")
+    return values
+
+
+def _packed_varints(data: bytes) -> list[int]:
+    values, pos = [], 0
+    while pos < len(data):
+        value, pos = _read_varint(data, pos)
+        values.append(value)
+    return values
+
+
+def _feature(data: bytes) -> tuple[str, list]:
+    """A Feature message as ``(kind, values)``; kind "" when none is set."""
+    kind, values = 0, []
+    for number, wire_type, value in _fields(data):
+        if number not in _KINDS:
+            continue
+        if wire_type != 2:
+            raise ValueError(f"Feature field {number} of wire type {wire_type}")
+        if number != kind:  # another member of the oneof replaces the earlier one
+            kind, values = number, []
+        values.extend(_list_values(number, value))
+    return _KINDS.get(kind, ""), values
+
+
+def _message_field(data: bytes, wanted: int, what: str) -> list[bytes]:
+    """Every occurrence of message field ``wanted`` (merged, they are their concatenation)."""
+    parts = []
+    for number, wire_type, value in _fields(data):
+        if number == wanted:
+            if wire_type != 2:
+                raise ValueError(f"{what} of wire type {wire_type}")
+            parts.append(value)
+    return parts
+
+
+def parse_example(serialized: bytes) -> dict[str, tuple[str, list]]:
+    """Any serialized ``tf.train.Example`` as ``{name: (kind, values)}``.
+
+    ``kind`` is ``bytes``, ``float`` or ``int64`` (``""`` for a Feature with
+    no list set), ``values`` that list's values (int64 as signed integers).
+    Raises ValueError for bytes that are not a well-formed Example.
+    """
+    serialized = bytes(serialized)
+    features = b"".join(_message_field(serialized, 1, "Example.features"))
+    out: dict[str, tuple[str, list]] = {}
+    for entry in _message_field(features, 1, "Features.feature entry"):
+        name, value = b"", b""
+        for number, wire_type, field in _fields(entry):
+            if number in (1, 2) and wire_type != 2:
+                raise ValueError(f"map entry field {number} of wire type {wire_type}")
+            if number == 1:
+                name = field
+            elif number == 2:
+                value += field
+        try:
+            key = name.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError("feature name is not UTF-8") from None
+        out[key] = _feature(value)
+    return out
+
+
+def decode_image(data: bytes, image_format: str) -> np.ndarray:
+    """Inverse of `encode_image`: a (28, 28) uint8 array (PNG through Pillow)."""
+    if image_format == "raw":
+        if len(data) != IMAGE_BYTES:
+            raise ValueError(f"raw image has {len(data)} bytes, expected {IMAGE_BYTES}")
+        return np.frombuffer(data, dtype=np.uint8).reshape(IMAGE_HEIGHT, IMAGE_WIDTH)
+    if image_format == "png":
+        from PIL import Image
+        try:
+            with Image.open(io.BytesIO(data), formats=["PNG"]) as png:
+                png.load()
+                mode, pixels = png.mode, np.asarray(png)
+        except (OSError, SyntaxError) as e:  # Pillow's errors for bad or cut PNG data
+            raise ValueError(f"png image does not decode ({e})") from None
+        if mode != "L":
+            raise ValueError(f"png image has mode {mode}, expected 8-bit grayscale (L)")
+        if pixels.shape != (IMAGE_HEIGHT, IMAGE_WIDTH):
+            raise ValueError(f"png image has shape {pixels.shape}, expected 28x28")
+        return pixels
+    raise ValueError(f"unknown image format {image_format!r}")
+
+
+def decode_example(serialized: bytes, image_format: str,
+                   image_decoder=decode_image) -> dict[str, object]:
+    """Inverse of `encode_examples` for one record: feature name -> value.
+
+    The image is decoded by ``image_decoder(bytes, image_format)`` into a
+    (28, 28) uint8 array. Raises ValueError for a record that lacks a
+    feature, holds the wrong kind or count of values, or has a label
+    outside its classes.
+    """
+    parsed = parse_example(serialized)
+    out: dict[str, object] = {}
+    for f in FEATURES:
+        if f.name not in parsed:
+            raise ValueError(f"example lacks feature {f.name!r}")
+        kind, values = parsed[f.name]
+        count = len(values) if kind == f.kind else 0
+        if count != 1:
+            raise ValueError(f"feature {f.name!r} holds {count} {f.kind} "
+                             "values, expected 1")
+        value = values[0]
+        if f.image:
+            value = image_decoder(value, image_format)
+        if f.num_classes is not None and not 0 <= value < f.num_classes:
+            raise ValueError(f"{f.name} {value} outside 0..{f.num_classes - 1}")
+        out[f.name] = value
     return out

@@ -10,7 +10,8 @@ The flow, one folder or module per step:
 
 Beside them: `storage` (the only file I/O), `errors`, `credentials`,
 `console`, `progress`, `faults` (test fault points), `verify`
-(``python -m pipeline.verify``) and `_compat` (every private Beam reach).
+(``python -m pipeline.verify``), `preview` (its ``--preview`` picture) and
+`_compat` (every private Beam reach).
 The data contract it writes lives in the neutral `mnist_contract` package,
 which the trainer imports too.
 """

@@ -55,10 +55,14 @@ def main(argv=None) -> int:
     else:
         console.set_tensorflow_log_level()  # records are encoded without TensorFlow
     from pipeline import job
+    from pipeline.publish.output import DatasetComplete
     try:
         manifest = job.run(run_options)
     except PipelineError as e:
         return _print_error(e)
+    except DatasetComplete as e:
+        print(e)
+        return 0
     for name, split in sorted(manifest.splits.items()):
         print(f"{name}: {split.num_examples} examples in {len(split.shards)} "
               f"shard(s) of ~{split.num_bytes // len(split.shards):,} bytes -> "

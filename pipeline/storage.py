@@ -5,7 +5,10 @@ list and remove files through these functions, so each is written once and
 bytes are always read and written as stored (no decompression by file
 extension). Only the output's lock (`pipeline.publish.lock`) goes to the
 disk or the GCS client itself: it needs conditional creates and rewrites,
-which FileSystems does not offer.
+which FileSystems does not offer. Reading a local file (opening, listing,
+testing, sizing) goes straight to the operating system, and Beam is imported
+on first use only, so a reader of local output (``pipeline.verify``) starts
+without loading Beam.
 
 Beam's GCS client works against a local GCS API server when
 ``STORAGE_EMULATOR_HOST`` is set. Such a server takes no Google credentials,
@@ -22,9 +25,6 @@ from __future__ import annotations
 
 import os
 from typing import Iterable
-
-from apache_beam.io.filesystem import CompressionTypes
-from apache_beam.io.filesystems import FileSystems
 
 from mnist_contract import join_path
 
@@ -61,16 +61,27 @@ def is_remote(path: str) -> bool:
     return "://" in path
 
 
+def _file_systems():
+    """Beam's ``FileSystems``, imported when a remote path or a write needs it."""
+    from apache_beam.io.filesystems import FileSystems
+    return FileSystems
+
+
+def _uncompressed():
+    from apache_beam.io.filesystem import CompressionTypes
+    return CompressionTypes.UNCOMPRESSED
+
+
 def open_read(path: str):
     """A binary stream over ``path`` (local or gs://), read as stored (no decompression)."""
-    return FileSystems.open(path, mime_type=_MIME,
-                            compression_type=CompressionTypes.UNCOMPRESSED)
+    if not is_remote(path):
+        return open(path, "rb")
+    return _file_systems().open(path, mime_type=_MIME, compression_type=_uncompressed())
 
 
 def open_write(path: str):
     """A new binary file at ``path`` (local or gs://), written as given (no compression)."""
-    return FileSystems.create(path, mime_type=_MIME,
-                              compression_type=CompressionTypes.UNCOMPRESSED)
+    return _file_systems().create(path, mime_type=_MIME, compression_type=_uncompressed())
 
 
 def read_bytes(path: str) -> bytes:
@@ -85,16 +96,21 @@ def write_bytes(path: str, data: bytes) -> None:
 
 
 def exists(path: str) -> bool:
-    return FileSystems.exists(path)
+    if not is_remote(path):
+        return os.path.exists(path)
+    return _file_systems().exists(path)
 
 
 def _match_under(directory: str):
     """Metadata of every file directly or indirectly under ``directory``."""
-    return FileSystems.match([join_path(directory, "**")])[0].metadata_list
+    return _file_systems().match([join_path(directory, "**")])[0].metadata_list
 
 
 def list_dir(directory: str) -> list[str]:
     """Full paths of the files directly or indirectly under ``directory``."""
+    if not is_remote(directory):
+        return sorted(os.path.join(root, name)
+                      for root, _, names in os.walk(directory) for name in names)
     return sorted(m.path for m in _match_under(directory))
 
 
@@ -119,7 +135,9 @@ def sizes_under(directory: str) -> dict[str, int]:
 
 
 def size_of(path: str) -> int:
-    return FileSystems.match([path])[0].metadata_list[0].size_in_bytes
+    if not is_remote(path):
+        return os.path.getsize(path)
+    return _file_systems().match([path])[0].metadata_list[0].size_in_bytes
 
 
 def make_dirs(directory: str) -> None:
@@ -130,7 +148,7 @@ def make_dirs(directory: str) -> None:
 def delete(paths: Iterable[str]) -> None:
     paths = list(paths)
     if paths:
-        FileSystems.delete(paths)
+        _file_systems().delete(paths)
 
 
 def delete_tree(directory: str) -> None:
@@ -138,12 +156,12 @@ def delete_tree(directory: str) -> None:
     if is_remote(directory):
         delete(list_dir(directory))
     elif os.path.isdir(directory):
-        FileSystems.delete([directory])
+        _file_systems().delete([directory])
 
 
 def rename(sources: list[str], destinations: list[str]) -> None:
     if sources:
-        FileSystems.rename(sources, destinations)
+        _file_systems().rename(sources, destinations)
 
 
 def list_top(directory: str) -> list[str]:

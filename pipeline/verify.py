@@ -6,33 +6,45 @@ Example of the contract, and the counts per shard and per split match. Each
 split's ``index`` values must be exactly 0..N-1, so a lost or duplicated
 example is caught even if the manifest was rewritten to match. Shard files
 the manifest does not list are reported too. The first problem found ends the
-run with one line naming the file, and exit status 1.
+run with one line naming the file, and exit status 1. With ``--preview=FILE.png``
+a verified dataset is also drawn: each split's first examples in stored order
+and its label histogram, from the records themselves.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import gzip
 import hashlib
 import re
 import sys
 import zlib
-from typing import BinaryIO
+from typing import BinaryIO, Callable, Optional
 
 import mnist_contract as contract
-from pipeline import console, credentials
+from pipeline import credentials, preview, storage
 from pipeline.errors import PipelineInputError
 
-# TensorFlow and Beam are imported on first use, so --help answers at once.
+# Records are decoded by `mnist_contract.wire`, and local files read without
+# Beam, so verifying a local dataset loads neither TensorFlow nor Beam.
+
+DEFAULT_PREVIEW_COUNT = 10
 
 
 class VerificationError(Exception):
     pass
 
 
-def verify(output: str) -> contract.Manifest:
-    from pipeline import storage
-    storage.use_anonymous_gcs_for_emulator()
+def verify(output: str, on_record: Optional[Callable[[str, dict], None]] = None
+           ) -> contract.Manifest:
+    """Checks the dataset at ``output``; returns its manifest.
+
+    ``on_record(split, values)`` is called with each decoded record, in
+    stored order (shards in manifest order, records in file order).
+    """
+    if storage.is_remote(output):
+        storage.use_anonymous_gcs_for_emulator()
     manifest_path = contract.join_path(output, contract.MANIFEST_FILE)
     journal = contract.join_path(output, contract.PUBLISH_JOURNAL_FILE)
     if storage.exists(journal):
@@ -51,7 +63,8 @@ def verify(output: str) -> contract.Manifest:
         for shard in split.shards:
             path = contract.join_path(output, shard.file)
             listed.add(shard.file)
-            indices.extend(_verify_shard(path, shard, manifest))
+            seen = None if on_record is None else functools.partial(on_record, split_name)
+            indices.extend(_verify_shard(path, shard, manifest, seen))
         if sorted(indices) != list(range(split.num_examples)):
             raise VerificationError(
                 f"{manifest_path}: split {split_name!r} indices are not exactly "
@@ -81,11 +94,10 @@ class _HashingReader:
         return data
 
 
-def _verify_shard(path: str, shard: contract.ShardInfo,
-                  manifest: contract.Manifest) -> list[int]:
+def _verify_shard(path: str, shard: contract.ShardInfo, manifest: contract.Manifest,
+                  on_record: Optional[Callable[[dict], None]]) -> list[int]:
     """Streams one shard: records decoded one by one, size and sha256 at the end."""
-    from mnist_contract import examples, framing
-    from pipeline import storage
+    from mnist_contract import framing, wire
     if not storage.exists(path):
         raise VerificationError(f"{path}: listed in the manifest but missing")
     indices = []
@@ -96,11 +108,13 @@ def _verify_shard(path: str, shard: contract.ShardInfo,
         try:
             for record in framing.iter_records(stream, path):
                 try:
-                    values = examples.decode_example(record, manifest.image_format)
+                    values = wire.decode_example(record, manifest.image_format)
                 except Exception as e:  # any decode failure is a bad record
                     raise VerificationError(
                         f"{path}: record {len(indices)} does not decode ({e})") from None
                 indices.append(values[contract.INDEX_KEY])
+                if on_record is not None:
+                    on_record(values)
         except framing.FramingError as e:
             problem = _size_or_hash_problem(path, hashed, shard)
             raise VerificationError(problem or str(e)) from None
@@ -134,29 +148,52 @@ def _help_text() -> str:
     return text[0].upper() + text[1:]
 
 
-def main(argv=None) -> int:
-    console.set_tensorflow_log_level()
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m pipeline.verify", usage="%(prog)s OUTPUT",
+        prog="python -m pipeline.verify",
+        usage="%(prog)s OUTPUT [--preview=FILE.png [--preview_count=N]]",
         description=_help_text(), formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Exit status: 0 verified, 1 a problem (one line 'error: FILE: "
                "problem'), 2 bad arguments.")
     parser.add_argument("output", help="dataset folder or gs://bucket/prefix")
-    args = parser.parse_args(argv)
+    parser.add_argument("--preview", metavar="FILE.png", default=None,
+                        help="also draw each split's first examples and label "
+                             "histogram into this local PNG file")
+    parser.add_argument("--preview_count", metavar="N", type=int,
+                        default=DEFAULT_PREVIEW_COUNT,
+                        help="examples drawn per split (default: %(default)s)")
+    return parser
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
+    if args.preview_count < 1:
+        print(f"error: --preview_count={args.preview_count}: must be >= 1", file=sys.stderr)
+        return 2
     try:
         credentials.require([args.output], None)
     except PipelineInputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    console.import_tensorflow_quietly()
+    collector = preview.PreviewCollector(args.preview_count) if args.preview else None
     try:
-        manifest = verify(args.output)
+        manifest = verify(args.output, collector)
     except VerificationError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    if collector is not None:
+        try:
+            preview.write(args.preview, preview.render(collector))
+        except OSError as e:
+            print(f"error: {args.preview}: cannot write the preview "
+                  f"({e.strerror or e})", file=sys.stderr)
+            return 1
     for name, split in sorted(manifest.splits.items()):
         print(f"{name}: {split.num_examples} examples in {len(split.shards)} "
               f"shard(s) verified")
+    if collector is not None:
+        print(f"preview of the first {args.preview_count} examples of each split "
+              f"-> {args.preview}")
     return 0
 
 

@@ -96,7 +96,8 @@ def test_verify_help_is_plain_text_and_imports_no_tensorflow():
     result = subprocess.run([sys.executable, "-m", "pipeline.verify", "--help"], cwd=REPO,
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("usage: python -m pipeline.verify OUTPUT\n\n"
+    assert result.stdout.startswith("usage: python -m pipeline.verify OUTPUT "
+                                    "[--preview=FILE.png [--preview_count=N]]\n\n"
                                     "Re-reads a written dataset end to end.\n")
     assert "``" not in result.stdout and "`" not in result.stdout
     assert "index values must be exactly 0..N-1" in result.stdout

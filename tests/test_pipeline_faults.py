@@ -177,5 +177,8 @@ def test_crash_while_finalizing_never_publishes_a_manifest(tmp_path, idx_dir,
     assert not (out / contract.MANIFEST_FILE).exists()
     assert verify_main([str(out)]) == 1  # "manifest.json: missing"
     monkeypatch.setattr(output.storage, "rename", real_rename)
-    manifest = run_job([f"--source={idx_dir}", f"--output={out}", "--overwrite"])
+    # The rerun completes the publish, which is the dataset its options describe.
+    with pytest.raises(output.DatasetComplete, match="nothing left to do"):
+        run_job([f"--source={idx_dir}", f"--output={out}", "--overwrite"])
+    manifest = run_job([f"--source={idx_dir}", f"--output={tmp_path / 'clean'}"])
     assert verify(str(out)) == manifest

@@ -4,9 +4,11 @@ Moving shards under their final names cannot be atomic: on ``gs://`` each
 rename is a copy plus a delete, seconds per 100 MB shard. So before the first
 change a *journal* (`mnist_contract.PUBLISH_JOURNAL_FILE`) is written at the
 top of the output: the run id, its temp folder, every shard to move with its
-size, the TFDS files to move, the new manifest's sha256 and every old file to
-delete. While it exists readers refuse the folder with one line ("interrupted
-publish of run R; rerun the job"). Then, in this order:
+size, the TFDS files to move, the new manifest's sha256, every old file to
+delete, and the run's options that define the dataset (so a rerun can tell
+whether the publish it completes is the dataset it was asked for). While it
+exists readers refuse the folder with one line ("interrupted publish of run
+R; rerun the job"). Then, in this order:
 
 1. the old metadata is removed (TFDS files first, then ``manifest.json``), so
    neither TFDS nor an older reader can pair it with new shards;
@@ -28,7 +30,7 @@ import dataclasses
 import hashlib
 import json
 import logging
-from typing import Iterable, Optional
+from typing import Any, Iterable, Mapping, Optional
 
 import mnist_contract as contract
 
@@ -50,6 +52,8 @@ class Plan:
     metadata: tuple[str, ...]  # TFDS files moved after the shards
     manifest_sha256: str
     deletes: tuple[str, ...]  # old files the new dataset does not have
+    # `pipeline.publish.output.dataset_options` of the run; empty if unknown.
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> bytes:
         return json.dumps({"version": JOURNAL_VERSION, **dataclasses.asdict(self)},
@@ -65,7 +69,8 @@ class Plan:
                        shards=tuple((str(f), int(n)) for f, n in raw["shards"]),
                        metadata=tuple(str(n) for n in raw["metadata"]),
                        manifest_sha256=str(raw["manifest_sha256"]),
-                       deletes=tuple(str(n) for n in raw["deletes"]))
+                       deletes=tuple(str(n) for n in raw["deletes"]),
+                       options=dict(raw.get("options", {})))
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise PublishError(f"{origin}: unreadable publish journal ({e})") from None
         names = [f for f, _ in plan.shards] + list(plan.metadata) + list(plan.deletes)
@@ -85,8 +90,10 @@ def is_dataset_file(name: str) -> bool:
 
 
 def make_plan(output: str, temp_dir: str, run_id: str, moved: Iterable[contract.ShardInfo],
-              keep: Iterable[str], metadata: Iterable[str], manifest_bytes: bytes) -> Plan:
-    """The plan for publishing ``moved`` shards (plus ``keep``, already in place)."""
+              keep: Iterable[str], metadata: Iterable[str], manifest_bytes: bytes,
+              options: Optional[Mapping[str, Any]] = None) -> Plan:
+    """The plan for publishing ``moved`` shards (plus ``keep``, already in place);
+    ``options``: what defines the dataset (`Plan.options`)."""
     moved = list(moved)
     metadata = tuple(n for n in metadata if n != contract.MANIFEST_FILE)
     new = {s.file for s in moved} | set(keep) | set(metadata) | {contract.MANIFEST_FILE}
@@ -94,7 +101,7 @@ def make_plan(output: str, temp_dir: str, run_id: str, moved: Iterable[contract.
     return Plan(run_id=run_id, temp_name=temp_dir.rstrip("/").rsplit("/", 1)[1],
                 shards=tuple((s.file, s.num_bytes) for s in moved), metadata=metadata,
                 manifest_sha256=hashlib.sha256(manifest_bytes).hexdigest(),
-                deletes=tuple(sorted(old - new)))
+                deletes=tuple(sorted(old - new)), options=dict(options or {}))
 
 
 def journal_path(output: str) -> str:
@@ -119,15 +126,15 @@ def read_journal(output: str) -> Optional[Plan]:
     return Plan.from_json(storage.read_bytes(path), path)
 
 
-def roll_forward(output: str) -> Optional[str]:
-    """Completes an interrupted publish, if any; returns its run id."""
+def roll_forward(output: str) -> Optional[Plan]:
+    """Completes an interrupted publish, if any; returns its plan."""
     plan = read_journal(output)
     if plan is None:
         return None
     logging.warning("%s: completing the interrupted publish of run %s from %s",
                     output, plan.run_id, contract.join_path(output, plan.temp_name))
     apply(output, plan)
-    return plan.run_id
+    return plan
 
 
 def _move(output: str, temp: str, name: str, present: set[str], staged: set[str],

@@ -30,6 +30,14 @@ NO_DATASET = "no dataset was there before"
 INTACT = "the earlier dataset there is intact"
 
 
+class DatasetComplete(Exception):
+    """The output already holds the dataset the run's options describe: the run
+    completed an interrupted publish of those options, so nothing is left to do.
+
+    Not a failure: ``python -m pipeline`` prints the message and exits 0.
+    """
+
+
 @dataclasses.dataclass(frozen=True)
 class OutputLayout:
     output: str
@@ -97,8 +105,8 @@ def prepare_output(options, run_id: str) -> OutputLayout:
         raise
 
 
-def _roll_forward(output: str, overwrite: bool) -> Optional[str]:
-    """Completes an interrupted publish (`journal.roll_forward`); returns its run id."""
+def _roll_forward(output: str, overwrite: bool) -> Optional[journal.Plan]:
+    """Completes an interrupted publish (`journal.roll_forward`); returns its plan."""
     try:
         with _storage_failures(lambda summary: StorageError(
                 f"{output}: storage failed while completing an interrupted publish "
@@ -116,13 +124,17 @@ def _roll_forward(output: str, overwrite: bool) -> Optional[str]:
 def _prepare_locked(options, run_id: str, held: lock.OutputLock) -> OutputLayout:
     output, overwrite = options.output, options.overwrite
     completed = _roll_forward(output, overwrite)
+    if completed and completed.options == dataset_options(options):
+        raise DatasetComplete(
+            f"{output}: completed the interrupted publish of run {completed.run_id}, "
+            "which is the dataset these options describe; nothing left to do")
     with _storage_failures(lambda summary: PipelineInputError(
             f"{output}: output is not readable ({summary})")):
         names = set(storage.list_top(output))
     existing = sorted(n for n in names if journal.is_dataset_file(n))
     if completed and not overwrite:
         raise PipelineInputError(
-            f"{output}: completed the interrupted publish of run {completed}, so it "
+            f"{output}: completed the interrupted publish of run {completed.run_id}, so it "
             "now holds that dataset; pass --overwrite to replace it")
     if existing and not overwrite:
         raise PipelineInputError(
@@ -171,6 +183,17 @@ def _manifest_options(options) -> dict[str, str]:
     return {"image_format": options.image_format, "compression": options.compression,
             "shuffle_salt": options.shuffle_salt,
             "source": options.data_source.description}
+
+
+def dataset_options(options) -> dict:
+    """The run's options that decide the bytes it publishes, as JSON values.
+
+    Two runs with equal values write the same files. The runner, the shuffle
+    mode and --allow_extreme_sharding do not change the output; the shard
+    target is compared in bytes, however it was given.
+    """
+    return {**_manifest_options(options), "splits": sorted(options.splits),
+            "target_shard_bytes": options.target_bytes, "min_shards": options.min_shards}
 
 
 def _kept_splits(options, names: set[str]) -> dict[str, contract.SplitInfo]:
@@ -267,7 +290,7 @@ def finalize(layout: OutputLayout, options) -> contract.Manifest:
             layout.output, layout.temp_dir, layout.run_id, moved,
             [s.file for split in layout.kept.values() for s in split.shards],
             [n for n in contract.TFDS_METADATA_FILES if n in metadata],
-            metadata[contract.MANIFEST_FILE])
+            metadata[contract.MANIFEST_FILE], dataset_options(options))
         journal_written = True  # from here on, the journal may exist
         journal.publish(layout.output, plan)
     for split, info in sorted(manifest.splits.items()):

@@ -1,0 +1,29 @@
+"""`benchmarks/pipeline_benchmark.py` at its smallest size: the job, the plain script and the floor."""
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import REPO
+
+SECONDS = r"(\d+\.\d\d) s"
+
+
+@pytest.mark.slow
+def test_benchmark_prints_the_physical_floor_beside_the_baseline():
+    proc = subprocess.run([sys.executable, "benchmarks/pipeline_benchmark.py", "--factors=1",
+                           "--repeats=1", "--skip_scale"], cwd=REPO, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = proc.stdout
+    job = float(re.search(r"job \(DirectRunner\)\s+(\d+\.\d) s", out).group(1))
+    floor = re.search(rf"floor: gunzip {SECONDS}, write {SECONDS}, sha256 {SECONDS}, "
+                      rf"crc32c {SECONDS} = {SECONDS} \| job/floor (\d+\.\d\d)x", out)
+    assert floor, out
+    *steps, total, ratio = map(float, floor.groups())
+    assert all(v > 0 for v in steps) and total == pytest.approx(sum(steps), abs=0.02)
+    assert ratio == pytest.approx(job / total, rel=0.05)
+    assert re.search(r"job/plain time ratio: median \d+\.\d\dx", out), out
+    assert re.search(r"job/floor time ratio: median \d+\.\d\dx", out), out
