@@ -15,7 +15,9 @@ setup   builds this project's wheel here, copies it to every host
         (``tpu-vm scp --worker=all``) and installs on every host
         (``tpu-vm ssh --worker=all``): TensorFlow for TPU, the tf-keras that
         matches it, then the wheel with ``--no-deps``, then an import check.
-train   starts ``python3 -m trainer --preset=tpu --strategy=tpu`` on the TPU
+train   reads ``--data``'s manifest.json (``gcloud storage cat``) and warns
+        when the train split has fewer files than the slice has hosts, then
+        starts ``python3 -m trainer --preset=tpu --strategy=tpu`` on the TPU
         host(s) detached from the ssh session (SIGHUP ignored, stdin from
         /dev/null, output to ``~/mnist-tpu/train.log``) and returns, so a
         dropped connection does not stop training. The host keeps the
@@ -30,8 +32,9 @@ logs    prints the last ``--lines`` lines of every host's log; ``--follow``
         keeps printing until the trainer exits.
 delete  ``gcloud compute tpus tpu-vm delete NAME --quiet``.
 
-``--preset=tpu`` (the trainer's TPU recipe: guide model, global batch 1024,
-bfloat16, 50 steps per execution) comes first, so trainer arguments given
+``--preset=tpu`` (the trainer's TPU recipe: the CPU recipe's convnet,
+augmentation and schedule at global batch 1024, bfloat16, 50 steps per
+execution, records cached) comes first, so trainer arguments given
 here override its values; a ``--preset`` given here replaces it.
 
 TensorFlow on the TPU VM. The project pins tensorflow==2.21.0, but that wheel
@@ -74,6 +77,7 @@ exits 0 without running anything.
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import shlex
 import sys
@@ -88,6 +92,8 @@ from tpu_vm_commands import (DEFAULT_DIST_DIR, DEFAULT_LIBTPU,  # noqa: E402
                              DEFAULT_TENSORFLOW, PREINSTALLED, REMOTE_DIR, TpuConfig,
                              parse_status, phases, plan,
                              summarize_status)
+from mnist_contract import (MANIFEST_FILE, ContractError, Manifest,  # noqa: E402
+                            join_path)  # (on the path: tpu_vm_commands)
 
 STEPS = ("create", "setup", "train", "wait", "delete")
 # Steps that only talk to an existing VM: they need its name and zone alone.
@@ -111,6 +117,13 @@ _ACCELERATOR_RE = re.compile(r"^(?P<family>[a-z0-9]+)-(?P<size>\d+)$")
 # Above this size (TensorCores for v2-v5p, chips for v5e/v6e) a slice spans
 # more than one host VM.
 _ONE_HOST_MAX = 8
+# Size units per host VM on multi-host slices, each VM one input pipeline.
+# v2-v5p sizes count TensorCores: 4 chips of 2 per VM (cloud.google.com/tpu/
+# docs/v5p, "Configurations": v5p-16 has 2 hosts, v5p-128 16; v4 likewise,
+# /tpu/docs/v4). v5e and v6e sizes count chips, and their multi-host slices
+# are made of 4-chip VMs (/tpu/docs/v5e and /tpu/docs/v6e, "VM types").
+_SIZE_PER_HOST = {"v2": 8, "v3": 8, "v4": 8, "v5p": 8,
+                  "v5litepod": 4, "v5e": 4, "v6e": 4}
 
 
 def parse_accelerator(accelerator_type: str) -> tuple[str, int]:
@@ -123,8 +136,45 @@ def parse_accelerator(accelerator_type: str) -> tuple[str, int]:
     return match["family"], int(match["size"])
 
 
+def slice_hosts(accelerator_type: str) -> int:
+    """Host VMs in a slice of ``accelerator_type`` (e.g. v4-32: 4)."""
+    family, size = parse_accelerator(accelerator_type)
+    if size <= _ONE_HOST_MAX:
+        return 1
+    return math.ceil(size / _SIZE_PER_HOST[family])
+
+
 def is_multi_host(accelerator_type: str) -> bool:
-    return parse_accelerator(accelerator_type)[1] > _ONE_HOST_MAX
+    return slice_hosts(accelerator_type) > 1
+
+
+def train_shards_warning(cfg: TpuConfig, rc: int, manifest_text: str) -> str | None:
+    """Why the slice's hosts may read the train split badly, or None.
+
+    With fewer train files than hosts the trainer cannot give each host its
+    own files: every host reads the whole split and keeps every n-th record.
+    A manifest that cannot be read here is a warning too, not a failure:
+    the trainer reads it on the TPU itself and names any problem there.
+    """
+    hosts = slice_hosts(cfg.accelerator_type)
+    where = join_path(cfg.data, MANIFEST_FILE)
+    if rc != 0:
+        return (f"{where}: not read (gcloud storage cat exited {rc}); the train "
+                f"files were not compared with the {hosts} host(s) of "
+                f"{cfg.accelerator_type}")
+    try:
+        files = len(Manifest.from_json(manifest_text, origin=where)
+                    .split("train").shards)
+    except ContractError as exc:
+        problem = str(exc).removeprefix(f"{where}: ")
+        return (f"{where}: {problem}; the train files were not compared with "
+                "the slice's hosts")
+    if files >= hosts:
+        return None
+    return (f"{where}: the train split has {files} file(s) but {cfg.accelerator_type} "
+            f"has {hosts} hosts, so every host reads all of it and keeps one record "
+            f"in {hosts}; rerun the pipeline with --min_shards={hosts} "
+            "(or a multiple of it)")
 
 
 def default_runtime_version(accelerator_type: str) -> str:
@@ -351,6 +401,11 @@ def _run_phase(name: str, commands: Sequence[lc.Command], cfg: TpuConfig,
         if rc != 0:
             return rc
         return summarize_status(parse_status(output))[1]
+    if name == "train":
+        manifest, *commands = commands
+        warning = train_shards_warning(cfg, *lc.run_command_output(manifest))
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
     build = lc.wheel_build_command(cfg.python, cfg.dist_dir / "src",
                                    cfg.dist_dir, cfg.build_isolation)
     for cmd in commands:

@@ -19,6 +19,9 @@ from typing import Mapping, Sequence
 
 import launch_common as lc
 
+sys.path.insert(1, str(lc.REPO_ROOT))  # mnist_contract: standard library only
+from mnist_contract import MANIFEST_FILE, join_path  # noqa: E402
+
 TRAINER_PRESET = "--preset=tpu"
 # On every host, relative to the login user's home.
 REMOTE_DIR = "~/mnist-tpu"
@@ -268,8 +271,20 @@ def _train_worker(cfg: TpuConfig) -> str:
     return "--worker=0" if cfg.multi_host else "--worker=all"
 
 
+def manifest_command(cfg: TpuConfig) -> lc.Command:
+    """Prints the dataset's manifest.json here, with the user's own gcloud
+    and credentials (the launcher needs no Cloud Storage library)."""
+    cmd = [cfg.gcloud, "storage", "cat", join_path(cfg.data, MANIFEST_FILE)]
+    if cfg.project:
+        cmd.append(f"--project={cfg.project}")
+    return cmd
+
+
 def train_commands(cfg: TpuConfig) -> list[lc.Command]:
-    return [_gcloud(cfg, "ssh", cfg.name, _train_worker(cfg),
+    """The manifest read (to compare the train files with the slice's
+    hosts), then the start of the trainer."""
+    return [manifest_command(cfg),
+            _gcloud(cfg, "ssh", cfg.name, _train_worker(cfg),
                     f"--command={train_script(cfg)}")]
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+import mnist_contract as contract
 from tests.test_launchers import (PYPROJECT, SCRIPTS, WHEEL, clean_env,
                                   fake_program, flag_values, run_script)
 
@@ -43,6 +44,23 @@ def tpu_plan(step: str, *extra: str, base=TPU_ARGS):
 
 def remote_script(cmd: list[str]) -> str:
     return flag_values(cmd)["command"]
+
+
+def verb(cmd: list[str]) -> str:
+    """What a planned command does: build, storage cat, or the tpu-vm verb."""
+    if cmd[0] != "gcloud":
+        return "build"
+    return " ".join(cmd[1:3]) if cmd[1] == "storage" else cmd[4]
+
+
+def manifest_text(train_files: int) -> str:
+    """A valid manifest.json whose train split has ``train_files`` files."""
+    def split(name: str, files: int) -> contract.SplitInfo:
+        return contract.SplitInfo(name, tuple(
+            contract.ShardInfo(contract.shard_filename(name, i, files), 10, 8550,
+                               "0" * 64) for i in range(files)))
+    return contract.Manifest(contract.DATASET_NAME, "raw", "none", {
+        "train": split("train", train_files), "test": split("test", 1)}).to_json()
 
 
 # ------------------------------------------------------------- commands
@@ -121,7 +139,8 @@ def test_tpu_tf_runtime_image_keeps_its_tensorflow():
 
 
 def test_tpu_train_single_host_starts_the_tpu_preset_on_all_workers():
-    cfg, [cmd] = tpu_plan("train", "--loop=custom", "--epochs=3")
+    cfg, [manifest, cmd] = tpu_plan("train", "--loop=custom", "--epochs=3")
+    assert manifest == ["gcloud", "storage", "cat", "gs://bkt/mnist/manifest.json"]
     assert cmd[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh",
                        "mnist-tpu"]
     assert "--worker=all" in cmd and "--zone=us-central2-b" in cmd
@@ -146,7 +165,7 @@ def test_tpu_train_a_given_preset_replaces_the_default(given):
 
 
 def test_tpu_train_multi_host_uses_one_client_and_a_pod_image():
-    cfg, [cmd] = tpu_plan("train", base=POD_ARGS)
+    cfg, [_, cmd] = tpu_plan("train", base=POD_ARGS)
     assert "--worker=0" in cmd and "--worker=all" not in cmd
     script = remote_script(cmd)
     assert ("TPU_LOAD_LIBRARY=0 python3 -m trainer --preset=tpu "
@@ -168,13 +187,13 @@ def test_tpu_logs_status_and_wait_need_only_name_and_zone():
 
 def test_tpu_all_order_and_delete_after():
     _, cmds = tpu_plan("all", "--delete_after")
-    verbs = [c[4] if c[0] == "gcloud" else "build" for c in cmds]
-    assert verbs == ["create", "build", "scp", "ssh", "ssh", "ssh", "delete"]
-    assert remote_script(cmds[4]).startswith("mkdir -p ~/mnist-tpu")
-    assert remote_script(cmds[5]) == tc.status_script()
+    assert [verb(c) for c in cmds] == ["create", "build", "scp", "ssh", "storage cat",
+                                       "ssh", "ssh", "delete"]
+    assert remote_script(cmds[5]).startswith("mkdir -p ~/mnist-tpu")
+    assert remote_script(cmds[6]) == tc.status_script()
     assert cmds[-1][5:] == ["mnist-tpu", "--quiet", "--zone=us-central2-b"]
     _, cmds = tpu_plan("all")
-    assert "delete" not in [c[4] for c in cmds if c[0] == "gcloud"]
+    assert "delete" not in [verb(c) for c in cmds]
 
 
 # ------------------------------------------------ remote scripts, in bash
@@ -407,17 +426,22 @@ def test_wait_fails_at_once_without_a_trainer(state, message, capsys):
 
 # ------------------------------------ execute runs what --dry_run prints
 
-def fake_cloud(tmp_path: Path, running_polls: int = 0,
-               train_exit: int = 0) -> tuple[dict[str, str], Path, Path]:
+def fake_cloud(tmp_path: Path, running_polls: int = 0, train_exit: int = 0,
+               manifest: str | None = manifest_text(1),
+               ) -> tuple[dict[str, str], Path, Path]:
     """A ``gcloud`` on PATH and a build ``python`` that log their commands.
 
     Each call is written as ``shlex.join`` of the argv the launcher passed
     (the name it used first). Status checks answer "running" for the first
-    ``running_polls`` calls, then "exited status=train_exit".
+    ``running_polls`` calls, then "exited status=train_exit". ``storage cat``
+    prints ``manifest``, or fails (exit 1) when it is None.
     """
     log, count = tmp_path / "calls.log", tmp_path / "polls"
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
+    answer = tmp_path / "manifest.answer"
+    if manifest is not None:
+        answer.write_text(manifest)
     record = f"""#!{sys.executable}
 import pathlib, shlex, sys
 with open({str(log)!r}, "a") as fh:
@@ -425,6 +449,11 @@ with open({str(log)!r}, "a") as fh:
 """
     gcloud = bin_dir / "gcloud"
     gcloud.write_text(record.replace("NAME", repr("gcloud")) + f"""
+if sys.argv[1:3] == ["storage", "cat"]:
+    answer = pathlib.Path({str(answer)!r})
+    if not answer.exists():
+        sys.exit("ERROR: (gcloud.storage.cat) 403 no access")
+    print(answer.read_text(), end="")
 if any({tc.STATUS_PREFIX!r} in a for a in sys.argv):
     polls = pathlib.Path({str(count)!r})
     n = int(polls.read_text()) if polls.exists() else 0
@@ -483,6 +512,53 @@ def test_execute_repeats_only_the_status_check_while_training(tmp_path):
         planned[:-1] + [status, status] + planned[-1:]
 
 
+@pytest.mark.parametrize("accelerator,hosts", [
+    ("v2-8", 1), ("v3-32", 4), ("v4-8", 1), ("v4-32", 4), ("v4-128", 16),
+    ("v5p-8", 1), ("v5p-16", 2), ("v5litepod-8", 1), ("v5litepod-16", 4),
+    ("v5e-256", 64), ("v6e-8", 1), ("v6e-16", 4)])
+def test_slice_hosts(accelerator, hosts):
+    assert lt.slice_hosts(accelerator) == hosts
+    assert lt.is_multi_host(accelerator) == (hosts > 1)
+
+
+def train_stderr(tmp_path: Path, base: list[str], manifest: str | None) -> str:
+    """The train step, run against a fake gcloud: its stderr (the trainer started)."""
+    env, log, _ = fake_cloud(tmp_path, manifest=manifest)
+    proc = run_script("launch_tpu_vm.py", "train", *base, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert [verb(shlex.split(c)) for c in log.read_text().splitlines()] == [
+        "storage cat", "ssh"]
+    return proc.stderr
+
+
+def warnings(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("warning: ")]
+
+
+def test_train_warns_when_a_pod_has_more_hosts_than_train_files(tmp_path):
+    [line] = warnings(train_stderr(tmp_path, POD_ARGS, manifest_text(1)))
+    assert line == ("warning: gs://bkt/mnist/manifest.json: the train split has 1 "
+                    "file(s) but v4-32 has 4 hosts, so every host reads all of it "
+                    "and keeps one record in 4; rerun the pipeline with "
+                    "--min_shards=4 (or a multiple of it)")
+
+
+@pytest.mark.parametrize("base,files", [(TPU_ARGS, 1), (POD_ARGS, 4)])
+def test_train_is_quiet_when_every_host_has_a_train_file(tmp_path, base, files):
+    assert warnings(train_stderr(tmp_path, base, manifest_text(files))) == []
+
+
+@pytest.mark.parametrize("manifest,problem", [
+    (None, "not read (gcloud storage cat exited 1); the train files were not "
+           "compared with the 4 host(s) of v4-32"),
+    ("{", "not valid JSON"),
+])
+def test_an_unreadable_manifest_is_a_warning_and_training_starts(tmp_path, manifest,
+                                                                 problem):
+    [line] = warnings(train_stderr(tmp_path, POD_ARGS, manifest))
+    assert line.startswith("warning: gs://bkt/mnist/manifest.json: " + problem)
+
+
 def test_tpu_all_deletes_even_when_training_fails(tmp_path):
     """A real wheel build; the trainer on the host exits with 3."""
     env, log, _ = fake_cloud(tmp_path, running_polls=1, train_exit=3)
@@ -492,8 +568,8 @@ def test_tpu_all_deletes_even_when_training_fails(tmp_path):
     assert proc.returncode == 3, proc.stderr
     assert "finished with exit status 3" in proc.stderr
     calls = [shlex.split(c) for c in log.read_text().splitlines()]
-    assert [c[4] for c in calls] == ["create", "scp", "ssh", "ssh", "ssh",
-                                     "ssh", "delete"]
+    assert [verb(c) for c in calls] == ["create", "scp", "ssh", "storage cat", "ssh",
+                                        "ssh", "ssh", "delete"]
     assert (tmp_path / "d" / WHEEL).is_file()  # what scp copied was built
 
 
@@ -520,8 +596,9 @@ def test_tpu_dry_run_subprocess_prints_gcloud_commands():
     assert proc.returncode == 0, proc.stderr
     lines = [shlex.split(line) for line in proc.stdout.splitlines()]
     gcloud = [c for c in lines if c[0] == "gcloud"]
-    assert [c[4] for c in gcloud] == ["create", "scp", "ssh", "ssh", "ssh"]
-    assert all("--worker=all" in c for c in gcloud[1:])
+    assert [verb(c) for c in gcloud] == ["create", "scp", "ssh", "storage cat", "ssh",
+                                         "ssh"]
+    assert all("--worker=all" in c for c in gcloud[1:] if c[1] == "compute")
     assert "--version=tpu-ubuntu2204-base" in gcloud[0]
     assert "--accelerator-type=v4-8" in gcloud[0]
 
@@ -599,6 +676,6 @@ def test_tpu_all_interrupted_while_waiting_still_deletes(tmp_path):
     assert proc.returncode == 130
     assert proc.stderr.strip().splitlines()[-1] == "error: interrupted"
     assert "Traceback" not in proc.stderr
-    verbs = [shlex.split(c)[4] for c in log.read_text().splitlines()
+    verbs = [verb(shlex.split(c)) for c in log.read_text().splitlines()
              if c.startswith("gcloud")]
-    assert verbs == ["create", "scp", "ssh", "ssh", "ssh", "delete"]
+    assert verbs == ["create", "scp", "ssh", "storage cat", "ssh", "ssh", "delete"]

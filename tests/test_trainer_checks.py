@@ -20,7 +20,7 @@ from trainer import __main__ as cli
 from trainer import checks, data
 from trainer.errors import TrainerError
 
-TRAIN = ["--epochs=1", "--global_batch_size=8", "--steps_per_execution=2", "--verbose=0"]
+TRAIN = ["--preset=smoke", "--epochs=1", "--global_batch_size=8", "--steps_per_execution=2", "--verbose=0"]
 
 
 def shard(out: str, split: str, index: int, of: int) -> str:

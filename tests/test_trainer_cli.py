@@ -41,15 +41,17 @@ DATASET = dict(num_train=128, num_test=21, train_shards=3)
 ])
 def test_in_process_run_prints_final_metrics(trainer_dataset, tmp_path, loop, extra, capsys):
     dataset = trainer_dataset(**DATASET)
-    rc = cli.main([f"--data={dataset}", f"--model_dir={tmp_path}/m", f"--loop={loop}",
-                   "--epochs=1", "--global_batch_size=16", "--steps_per_execution=3",
+    rc = cli.main([f"--data={dataset}", f"--model_dir={tmp_path}/m", "--preset=smoke",
+                   f"--loop={loop}", "--epochs=1", "--global_batch_size=16",
+                   "--steps_per_execution=3",
                    "--verbose=0", "--seed=3", *extra])
     out = capsys.readouterr().out
     assert rc == 0
-    assert "test_examples=21 train_examples=128 train_steps=8" in out
+    assert "test_examples=21 train_examples=128 train_steps=8 preset=smoke" in out
     assert f"({loop} loop, default, 1 replica(s))" in out
     metrics = trainer_data.read_metrics(f"{tmp_path}/m")
     assert metrics["test_examples"] == 21 and metrics["strategy"] == "default"
+    assert metrics["preset"] == "smoke"
 
 
 def summary_points(logs_dir: str) -> set[tuple[str, str, int]]:
@@ -72,8 +74,8 @@ def test_both_loops_write_the_same_summaries_and_checkpoints(trainer_dataset, tm
     written = {}
     for loop in ("keras", "custom"):
         model_dir = str(tmp_path / loop)
-        assert cli.main([f"--data={dataset}", f"--model_dir={model_dir}", f"--loop={loop}",
-                         "--epochs=2", "--global_batch_size=16", "--steps_per_execution=4",
+        assert cli.main([f"--data={dataset}", f"--model_dir={model_dir}", "--preset=smoke",
+                         f"--loop={loop}", "--epochs=2", "--global_batch_size=16", "--steps_per_execution=4",
                          "--log_every=4", "--verbose=1", "--seed=1"]) == 0
         written[loop] = (summary_points(os.path.join(model_dir, "logs")),
                          sorted(os.listdir(os.path.join(model_dir, "checkpoints"))),
@@ -126,8 +128,8 @@ def test_corrupt_record_names_the_file(tmp_path, capsys, loop, split, damage, re
         trainer_data.corrupt(bad)
     else:
         os.truncate(bad, os.path.getsize(bad) - 100)
-    rc = cli.main([f"--data={out}", f"--model_dir={tmp_path}/m", f"--loop={loop}",
-                   "--epochs=1", "--global_batch_size=16", "--verbose=0"])
+    rc = cli.main([f"--data={out}", f"--model_dir={tmp_path}/m", "--preset=smoke",
+                   f"--loop={loop}", "--epochs=1", "--global_batch_size=16", "--verbose=0"])
     assert rc == 1
     (line,) = error_lines(capsys.readouterr().err)
     if damage == "truncate":  # the size no longer matches: refused before training
@@ -145,8 +147,8 @@ def test_missing_shard_names_the_file(tmp_path, capsys, loop, split):
     trainer_data.write_dataset(out, num_train=32, num_test=8, train_shards=3, test_shards=2)
     gone = f"{out}/{contract.shard_filename(split, 1, 3 if split == 'train' else 2)}"
     os.remove(gone)
-    rc = cli.main([f"--data={out}", f"--model_dir={tmp_path}/m", f"--loop={loop}",
-                   "--epochs=1", "--global_batch_size=16", "--verbose=0"])
+    rc = cli.main([f"--data={out}", f"--model_dir={tmp_path}/m", "--preset=smoke",
+                   f"--loop={loop}", "--epochs=1", "--global_batch_size=16", "--verbose=0"])
     assert rc == 1
     assert error_lines(capsys.readouterr().err) == [
         f"error: {gone}: listed in manifest.json but missing"]
@@ -166,14 +168,14 @@ def test_bad_settings(argv, message, tmp_path, capsys):
 
 
 def test_flags_fill_the_config():
-    config = cli.parse_flags(["--data=gs://b/d", "--model_dir=gs://b/m", "--loop=custom",
-                              "--cache", "--mixed_precision=bfloat16", "--tpu=local",
+    config = cli.parse_flags(["--data=gs://b/d", "--model_dir=gs://b/m", "--preset=smoke",
+                              "--loop=custom", "--cache", "--mixed_precision=bfloat16", "--tpu=local",
                               "--strategy=tpu", "--steps_per_execution=7",
                               "--jit_compile=false", "--seed=4", "--learning_rate=0.01"])
     assert config == TrainConfig(data="gs://b/d", model_dir="gs://b/m", loop="custom",
                                  cache=True, mixed_precision="bfloat16", tpu="local",
                                  strategy="tpu", steps_per_execution=7, seed=4,
-                                 learning_rate=0.01)
+                                 learning_rate=0.01, preset="smoke")
     with pytest.raises(TrainerError):
         TrainConfig(data="d", model_dir="m", loop="estimator")
 
@@ -186,29 +188,89 @@ def test_every_field_is_a_flag_and_help_shows_its_default(capsys):
         assert f"--{f.name}" in text
     assert "(default: 128)" in text and "(default: keras)" in text
     assert "(default: train examples // global batch size)" in text
-    assert ("Presets: none: the defaults shown; cpu: model=convnet, augment=true, "
+    assert ("Presets: smoke: the defaults shown; cpu: model=convnet, augment=true, "
             "learning_rate=0.002, lr_schedule=cosine, warmup_steps=31, epochs=20, "
-            "global_batch_size=128; tpu: model=guide, global_batch_size=1024, "
+            "global_batch_size=128; tpu: model=convnet, augment=true, "
+            "learning_rate=0.0057, lr_schedule=cosine, warmup_steps=4, epochs=20, "
+            "global_batch_size=1024, mixed_precision=bfloat16, steps_per_execution=50, "
+            "cache=true; guide: model=guide, global_batch_size=1024, "
             "mixed_precision=bfloat16, steps_per_execution=50.") in text
+    assert "[--preset {auto,smoke,cpu,tpu,guide}]" in text and "(default: auto)" in text
 
 
 def test_presets_and_explicit_flags_override_them():
     base = ["--data=d", "--model_dir=m"]
-    assert cli.parse_flags(base) == TrainConfig(data="d", model_dir="m")
-    assert cli.parse_flags(base + ["--preset=none"]) == TrainConfig(data="d", model_dir="m")
+    smoke = cli.parse_flags(base + ["--preset=smoke"])
+    assert smoke == TrainConfig(data="d", model_dir="m", preset="smoke")
     cpu = cli.parse_flags(base + ["--preset=cpu", "--epochs=5"])
     assert (cpu.model, cpu.augment, cpu.learning_rate, cpu.lr_schedule, cpu.warmup_steps,
-            cpu.epochs) == ("convnet", True, 2e-3, "cosine", 31, 5)
+            cpu.epochs, cpu.preset) == ("convnet", True, 2e-3, "cosine", 31, 5, "cpu")
     tpu = cli.parse_flags(base + ["--preset=tpu"])
-    assert (tpu.model, tpu.global_batch_size, tpu.mixed_precision,
-            tpu.steps_per_execution) == ("guide", 1024, "bfloat16", 50)
-    mine = cli.parse_flags(base + ["--preset=tpu", "--global_batch_size=2048",
+    assert (tpu.model, tpu.augment, tpu.lr_schedule, tpu.global_batch_size,
+            tpu.mixed_precision, tpu.steps_per_execution, tpu.cache) == (
+        "convnet", True, "cosine", 1024, "bfloat16", 50, True)
+    guide = cli.parse_flags(base + ["--preset=guide"])
+    assert (guide.model, guide.augment, guide.global_batch_size, guide.mixed_precision,
+            guide.steps_per_execution, guide.epochs) == ("guide", False, 1024, "bfloat16",
+                                                         50, 3)
+    mine = cli.parse_flags(base + ["--preset=guide", "--global_batch_size=2048",
                                    "--mixed_precision=none"])
     assert (mine.model, mine.global_batch_size, mine.mixed_precision) == (
         "guide", 2048, "none")
     assert config_lib.from_preset("tpu", data="d", model_dir="m") == tpu
-    with pytest.raises(TrainerError, match="--preset must be one of none, cpu, tpu"):
+    with pytest.raises(TrainerError, match="--preset must be one of auto, smoke, cpu, "
+                                           "tpu, guide, not 'gpu'"):
         config_lib.from_preset("gpu", data="d", model_dir="m")
+    with pytest.raises(TrainerError, match="preset must be one of smoke, cpu, tpu, guide"):
+        TrainConfig(data="d", model_dir="m", preset="auto")
+
+
+def test_tpu_recipe_scales_the_cpu_one_to_its_batch():
+    """tpu = cpu at 8x the batch: sqrt-scaled learning rate, the same warmup examples."""
+    cpu, tpu = config_lib.PRESETS["cpu"], config_lib.PRESETS["tpu"]
+    ratio = tpu["global_batch_size"] / cpu["global_batch_size"]
+    assert tpu["learning_rate"] == pytest.approx(cpu["learning_rate"] * ratio ** 0.5,
+                                                 rel=0.01)
+    assert abs(tpu["warmup_steps"] * tpu["global_batch_size"]
+               - cpu["warmup_steps"] * cpu["global_batch_size"]) < tpu["global_batch_size"]
+    assert {k: v for k, v in tpu.items() if k not in (
+        "learning_rate", "warmup_steps", "global_batch_size", "mixed_precision",
+        "steps_per_execution", "cache")} == {
+        k: v for k, v in cpu.items() if k not in (
+            "learning_rate", "warmup_steps", "global_batch_size")}
+
+
+@pytest.mark.parametrize("on_tpu,expected", [(True, "tpu"), (False, "cpu")])
+def test_auto_preset_follows_the_strategy(on_tpu, expected):
+    assert config_lib.resolve_preset("auto", on_tpu) == expected
+    assert config_lib.resolve_preset("guide", on_tpu) == "guide"
+    asked = []
+
+    def strategy_is_tpu(flags: TrainConfig) -> bool:
+        asked.append((flags.strategy, flags.tpu, flags.cpu_replicas))
+        return on_tpu
+    config = cli.parse_flags(["--data=d", "--model_dir=m", "--strategy=tpu", "--tpu=t1",
+                              "--epochs=2"], on_tpu=strategy_is_tpu)
+    assert asked == [("tpu", "t1", 0)]  # the strategy from the flags, no preset's
+    assert config == config_lib.from_preset(expected, data="d", model_dir="m",
+                                            strategy="tpu", tpu="t1", epochs=2)
+    assert config.preset == expected and config.epochs == 2
+
+
+@pytest.mark.slow
+def test_the_bare_command_trains_the_cpu_recipe_off_a_tpu(trainer_dataset, tmp_path):
+    """No --preset: auto, which off a TPU is cpu (the --epochs flag still wins)."""
+    dataset = trainer_dataset(**DATASET)
+    env = {k: v for k, v in os.environ.items() if k not in ("TPU_NAME", "TF_CONFIG")}
+    env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    proc = subprocess.run([sys.executable, "-m", "trainer", f"--data={dataset}",
+                           f"--model_dir={tmp_path}/m", "--epochs=1", "--verbose=0"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "train_examples=128 train_steps=1 preset=cpu (keras loop" in proc.stdout
+    metrics = trainer_data.read_metrics(f"{tmp_path}/m")
+    assert (metrics["preset"], metrics["global_batch_size"], metrics["epochs"]) == (
+        "cpu", 128, 1)
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -277,8 +339,9 @@ def test_missing_shard_from_the_shell(tmp_path):
 def test_profile_steps_write_a_tensorboard_profile(trainer_dataset, tmp_path, loop, capsys):
     dataset = trainer_dataset(**DATASET)
     model_dir = tmp_path / "m"
-    assert cli.main([f"--data={dataset}", f"--model_dir={model_dir}", f"--loop={loop}",
-                     "--epochs=2", "--global_batch_size=16", "--steps_per_execution=2",
+    assert cli.main([f"--data={dataset}", f"--model_dir={model_dir}", "--preset=smoke",
+                     f"--loop={loop}", "--epochs=2", "--global_batch_size=16",
+                     "--steps_per_execution=2",
                      "--verbose=0", "--profile_steps=3,6"]) == 0
     traces = sorted(model_dir.glob("logs/plugins/profile/*/*.xplane.pb"))
     assert len(traces) == 1 and traces[0].stat().st_size > 0, traces
@@ -301,7 +364,8 @@ def test_cpu_replicas_from_the_shell(trainer_dataset, tmp_path):
     dataset = trainer_dataset(**DATASET)
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     proc = subprocess.run([sys.executable, "-m", "trainer", f"--data={dataset}",
-                           f"--model_dir={tmp_path}/m", "--cpu_replicas=2", "--epochs=1",
+                           f"--model_dir={tmp_path}/m", "--preset=smoke",
+                           "--cpu_replicas=2", "--epochs=1",
                            "--global_batch_size=16", "--verbose=0"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

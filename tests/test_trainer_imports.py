@@ -38,7 +38,7 @@ def test_flags_and_help_never_import_tensorflow():
     code = textwrap.dedent("""
         import contextlib, io, sys
         from trainer import config
-        config.parse_flags(["--data=d", "--model_dir=m", "--model=convnet",
+        config.parse_flags(["--data=d", "--model_dir=m", "--preset=cpu", "--model=convnet",
                             "--lr_schedule=cosine", "--mixed_precision=bfloat16"])
         with contextlib.redirect_stdout(io.StringIO()) as out:
             try:

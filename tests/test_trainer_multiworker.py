@@ -171,7 +171,7 @@ def test_two_workers(trainer_dataset, tmp_path, loop):
     model_dir = str(tmp_path / "model")
     results = run_workers(lambda i: [
         "-m", "trainer", f"--data={dataset}", f"--model_dir={model_dir}",
-        "--strategy=multi_worker", f"--loop={loop}", "--epochs=2",
+        "--preset=smoke", "--strategy=multi_worker", f"--loop={loop}", "--epochs=2",
         "--global_batch_size=16", "--steps_per_execution=4", "--verbose=2",
         "--log_every=8"], log_level=False)
     for rc, out, err, _ in results:
@@ -214,7 +214,7 @@ def test_corrupt_shard_on_one_worker_stops_both_with_clear_errors(tmp_path):
     trainer_data.corrupt(bad)
     results = run_workers(lambda i: [
         "-m", "trainer", f"--data={data_dir}", f"--model_dir={tmp_path}/model",
-        "--strategy=multi_worker", "--loop=custom", "--epochs=2",
+        "--preset=smoke", "--strategy=multi_worker", "--loop=custom", "--epochs=2",
         "--global_batch_size=16", "--steps_per_execution=4"])
     errors = []
     for rc, out, err, _ in results:

@@ -1,7 +1,8 @@
 """``python -m trainer --data=DIR_OR_GS_URI --model_dir=DIR_OR_GS_URI [...]``.
 
-A thin entry point: flags → `TrainConfig` (`trainer.config.parse_flags`),
-`trainer.train.train_and_evaluate`, one line of final metrics. Expected
+A thin entry point: flags → `TrainConfig` (`trainer.config.parse_flags`,
+whose default ``--preset=auto`` is settled once TensorFlow has started
+quietly), `trainer.train.train_and_evaluate`, one line of final metrics. Expected
 failures (`TrainerError`) end with one line on stderr and exit status 1,
 no traceback.
 
@@ -26,7 +27,7 @@ import sys  # noqa: E402
 from typing import Optional, Sequence  # noqa: E402
 
 import trainer  # noqa: E402,F401  (sets TF_USE_LEGACY_KERAS before TF loads)
-from trainer.config import TrainConfig, parse_flags  # noqa: E402
+from trainer.config import TrainConfig, parse_flags, strategy_is_tpu  # noqa: E402
 from trainer.errors import TrainerError  # noqa: E402
 
 
@@ -61,12 +62,18 @@ def _quiet_tensorflow_start(config: TrainConfig) -> None:
         os.close(devnull)
 
 
+def _on_tpu(flags: TrainConfig) -> bool:
+    """`trainer.config.strategy_is_tpu`, with TensorFlow started quietly first."""
+    _quiet_tensorflow_start(flags)
+    return strategy_is_tpu(flags)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     # The trainer's own INFO lines; only warnings from TensorFlow and absl.
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("trainer").setLevel(logging.INFO)
     try:
-        config = parse_flags(argv)
+        config = parse_flags(argv, on_tpu=_on_tpu)
         _quiet_tensorflow_start(config)
         from trainer.train import train_and_evaluate  # imports TensorFlow
         metrics = train_and_evaluate(config)
@@ -78,6 +85,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"test_examples={metrics['test_examples']} "
           f"train_examples={metrics['train_examples']} "
           f"train_steps={metrics['train_steps']} "
+          f"preset={metrics['preset']} "
           f"({metrics['loop']} loop, {metrics['strategy']}, "
           f"{metrics['replicas']} replica(s))")
     return 0

@@ -59,9 +59,26 @@ def split_cpu(num_replicas: int) -> list[str]:
     return [d.name for d in tf.config.list_logical_devices("CPU")]
 
 
+_tpu_connections: dict[str, "tf.distribute.TPUStrategy | TrainerError"] = {}
+
+
 def tpu_strategy(tpu: Optional[str]) -> tf.distribute.TPUStrategy:
-    """Connects to a TPU (``'local'`` on a TPU VM) and returns a TPUStrategy."""
+    """Connects to a TPU (``'local'`` on a TPU VM) and returns a TPUStrategy.
+
+    Once per TPU name and process, success or failure: initializing the TPU
+    system again would discard what it holds, and choosing the preset
+    (`resolves_to_tpu`) asks before the run makes its strategy.
+    """
     name = tpu or os.environ.get("TPU_NAME") or "local"
+    if name not in _tpu_connections:
+        _tpu_connections[name] = _connect_tpu(name)
+    found = _tpu_connections[name]
+    if isinstance(found, TrainerError):
+        raise found
+    return found
+
+
+def _connect_tpu(name: str) -> "tf.distribute.TPUStrategy | TrainerError":
     try:
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=name)
         tf.config.experimental_connect_to_cluster(resolver)
@@ -69,10 +86,10 @@ def tpu_strategy(tpu: Optional[str]) -> tf.distribute.TPUStrategy:
         strategy = tf.distribute.TPUStrategy(resolver)
     except (ValueError, RuntimeError, OSError, tf.errors.OpError) as e:
         # OSError covers urllib's URLError when a TPU name cannot be resolved.
-        raise TrainerError(
+        return TrainerError(
             f"--tpu={name}: no TPU found ({type(e).__name__}: {summarize_error(e)}); "
             "on a Cloud TPU VM use --tpu=local, elsewhere the TPU's name, "
-            "or --strategy=auto to run without one") from None
+            "or --strategy=auto to run without one")
     log.info("TPU %s: %d cores", name, strategy.num_replicas_in_sync)
     return strategy
 
@@ -132,13 +149,9 @@ def make_strategy(kind: str = "auto", tpu: Optional[str] = None,
     if kind != "auto":
         raise TrainerError(f"unknown strategy {kind!r}")
 
-    if tpu_hinted(tpu):
-        try:
-            return tpu_strategy(tpu)
-        except TrainerError as e:
-            if tpu:  # asked for by name: do not silently fall back
-                raise
-            log.warning("strategy=auto: %s; trying GPUs/CPU", e)
+    found = _auto_tpu(tpu)
+    if found is not None:
+        return found
     if tf.config.list_physical_devices("GPU"):
         return mirrored()
     if os.environ.get("TF_CONFIG"):
@@ -164,6 +177,34 @@ def check_jit_compile(strategy: tf.distribute.Strategy) -> None:
             f"--jit_compile=true off a TPU: this TensorFlow build has no XLA "
             f"{device} backend ({summarize_error(e)}); drop --jit_compile or "
             "run on a TPU") from None
+
+
+def _auto_tpu(tpu: Optional[str]) -> Optional[tf.distribute.TPUStrategy]:
+    """strategy=auto's TPU: when there are signs of one and it answers."""
+    if not tpu_hinted(tpu):
+        return None
+    try:
+        return tpu_strategy(tpu)
+    except TrainerError as e:
+        if tpu:  # asked for by name: do not silently fall back
+            raise
+        log.warning("strategy=auto: %s; trying GPUs/CPU", e)
+        return None
+
+
+def resolves_to_tpu(kind: str = "auto", tpu: Optional[str] = None,
+                    cpu_replicas: int = 0) -> bool:
+    """Whether `make_strategy` with these arguments gives a TPUStrategy.
+
+    Touches TensorFlow's runtime only where a TPU is asked for or hinted:
+    then it connects (`tpu_strategy`, whose connection the run reuses), and
+    an unreachable ``--strategy=tpu`` or named ``--tpu`` fails here.
+    """
+    if cpu_replicas:
+        return False
+    if kind == "tpu":
+        return tpu_strategy(tpu) is not None
+    return kind == "auto" and _auto_tpu(tpu) is not None
 
 
 def is_multi_worker(strategy: tf.distribute.Strategy) -> bool:

@@ -42,6 +42,7 @@ def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict
 
     Returns (and writes to ``model_dir/metrics.json``)::
 
+        preset             the preset the config started from (None: none)
         loop, strategy, replicas, global_batch_size, epochs, steps_per_epoch,
         train_steps        optimizer steps taken in total (including before a resume)
         resumed_from_step  the step this run started from (0 for a fresh start)
@@ -69,6 +70,7 @@ def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict
     checks.check_model_dir(config.model_dir, create=True)
     result = _run_with_errors(config, strategy, splits, steps_per_epoch, callbacks)
     metrics = {
+        "preset": config.preset,
         "loop": config.loop,
         "strategy": strategy_lib.public_name(strategy),
         "replicas": strategy.num_replicas_in_sync,
