@@ -142,6 +142,7 @@ class HeldLock:
 
     def __init__(self, path: str, backend, info: LockInfo, token):
         self.path = path
+        self.run_id = info.run_id
         self._backend = backend
         self._info = info
         self._token = token

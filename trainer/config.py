@@ -94,6 +94,11 @@ class TrainConfig:
     verify_checksums: bool = _field(False, "check each shard's sha256 against "
                                            "manifest.json before training (each "
                                            "input pipeline its own files)")
+    allow_new_dataset: bool = _field(False, "resume on another dataset than the one "
+                                            "model_dir/dataset.json records")
+    restart: bool = _field(False, "train from step 0, deleting model_dir's "
+                                  "checkpoints (else a run resumes, and stops if none "
+                                  "restores)")
 
     def __post_init__(self):
         def check(ok: bool, what: str):
