@@ -111,6 +111,24 @@ def export_id(export_dir: str) -> str:
         return ""
 
 
+def uncommitted(model_dir: str) -> str:
+    """"" when ``model_dir/export`` is the export ``metrics.json`` describes (or
+    carries no id: not written by `commit_export`), else what is wrong."""
+    carried = export_id(join_path(model_dir, EXPORT))
+    if not carried:
+        return ""
+    try:
+        with tf.io.gfile.GFile(join_path(model_dir, METRICS), "r") as f:
+            named = str(json.loads(f.read()).get("export_id", ""))
+    except tf.errors.NotFoundError:
+        return f"no {METRICS} beside it: its export did not finish"
+    except (ValueError, AttributeError):
+        return f"{METRICS} is unreadable"
+    if named != carried:
+        return f"{METRICS} describes export {named}, not this one ({carried})"
+    return ""
+
+
 def commit_export(model_dir: str, staged: str, metrics: dict) -> None:
     """Publishes ``staged`` as ``model_dir/export`` with ``metrics`` (which
     names the export's id), ``metrics.json`` written last (the commit point)."""
