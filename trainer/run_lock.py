@@ -51,9 +51,7 @@ class GfileLockFile:
     def create(self, data: bytes):
         if tf.io.gfile.exists(self.path):
             return None
-        temp = f"{self.path}.new-{uuid.uuid4().hex}"
-        with tf.io.gfile.GFile(temp, "wb") as f:
-            f.write(data)
+        temp = self._write_temp(data)
         try:
             tf.io.gfile.rename(temp, self.path, overwrite=False)
         except tf.errors.AlreadyExistsError:
@@ -61,6 +59,15 @@ class GfileLockFile:
             return None
         current = self.read()
         return data if current is not None and current[0] == data else None
+
+    def _write_temp(self, data: bytes) -> str:
+        """``data`` in a new file beside the lock, not named after it (ram://
+        takes a path that prefixes another as existing)."""
+        folder, name = self.path.rsplit("/", 1)
+        temp = f"{folder}/.new-{uuid.uuid4().hex}{name}"
+        with tf.io.gfile.GFile(temp, "wb") as f:
+            f.write(data)
+        return temp
 
     def read(self):
         try:
@@ -75,8 +82,8 @@ class GfileLockFile:
         current = self.read()
         if current is None or current[0] != token:
             return None
-        with tf.io.gfile.GFile(self.path, "wb") as f:
-            f.write(data)
+        # Renamed over it: a rewrite in place may keep a longer old tail (ram://).
+        tf.io.gfile.rename(self._write_temp(data), self.path, overwrite=True)
         return data
 
     def delete_if(self, token) -> bool:
