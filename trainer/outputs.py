@@ -17,14 +17,14 @@ Layout::
     model_dir/.lock          held by the running chief (`trainer.run_lock`)
 
 The export and ``metrics.json`` are committed together (`commit_export`):
-the new export is saved under ``export.new-<run id>/`` with its id in
-``assets.extra/trainer_export.json``; then ``metrics.json`` is deleted,
+the new export is saved under ``.export.new-<run id>/`` with its id in
+``trainer_export.json``; then ``metrics.json`` is deleted,
 ``export/`` is moved aside and the new one moved into place, and
 ``metrics.json``, which names the export's id, is written last: it is the
 commit point. A reader that finds ``metrics.json`` naming the id in
 ``export/`` has the pair one run wrote; without it, an export was cut
-short and the next run redoes it (leftover ``export.new-*`` and
-``export.old-*`` folders are removed at start, `discard_stale_exports`).
+short and the next run redoes it (leftover ``.export.new-*`` and
+``.export.old-*`` folders are removed at start, `discard_stale_exports`).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ CHECKPOINTS = "checkpoints"
 LOGS = "logs"
 EXPORT = "export"
 METRICS = "metrics.json"
-EXPORT_ID_FILE = "assets.extra/trainer_export.json"  # inside an export: its id
+EXPORT_ID_FILE = "trainer_export.json"  # inside an export: its id (loaders ignore it)
 
 
 def write_dir(model_dir: str, sub: str, strategy: tf.distribute.Strategy) -> str:
@@ -98,8 +98,9 @@ def move_tree(source: str, target: str) -> None:
 
 
 def staging_dir(model_dir: str, run_id: str) -> str:
-    """Where a run saves its export before `commit_export`."""
-    return join_path(model_dir, f"{EXPORT}.new-{run_id}")
+    """Where a run saves its export before `commit_export` (hidden, and not
+    named ``export...``: ram:// takes a path that prefixes another as existing)."""
+    return join_path(model_dir, f".{EXPORT}.new-{run_id}")
 
 
 def export_id(export_dir: str) -> str:
@@ -132,11 +133,10 @@ def uncommitted(model_dir: str) -> str:
 def commit_export(model_dir: str, staged: str, metrics: dict) -> None:
     """Publishes ``staged`` as ``model_dir/export`` with ``metrics`` (which
     names the export's id), ``metrics.json`` written last (the commit point)."""
-    tf.io.gfile.makedirs(join_path(staged, EXPORT_ID_FILE.rsplit("/", 1)[0]))
     write_text(join_path(staged, EXPORT_ID_FILE),
                json.dumps({"export_id": metrics["export_id"]}) + "\n")
     metrics_path, final = join_path(model_dir, METRICS), join_path(model_dir, EXPORT)
-    old = join_path(model_dir, f"{EXPORT}.old-{metrics['export_id']}")
+    old = join_path(model_dir, f".{EXPORT}.old-{metrics['export_id']}")
     if tf.io.gfile.exists(metrics_path):
         tf.io.gfile.remove(metrics_path)  # until the last write: nothing committed
     if tf.io.gfile.exists(final):
@@ -148,9 +148,9 @@ def commit_export(model_dir: str, staged: str, metrics: dict) -> None:
 
 
 def discard_stale_exports(model_dir: str) -> None:
-    """Removes the ``export.new-*`` / ``export.old-*`` folders of runs that
+    """Removes the ``.export.new-*`` / ``.export.old-*`` folders of runs that
     stopped while exporting (the lock is held: no run is writing them)."""
-    for path in tf.io.gfile.glob(join_path(model_dir, f"{EXPORT}.*-*")):
+    for path in tf.io.gfile.glob(join_path(model_dir, f".{EXPORT}.*-*")):
         path = path.rstrip("/")
         log.warning("%s: removing the leftovers of an export that did not finish", path)
         tf.io.gfile.rmtree(path)
