@@ -95,7 +95,7 @@ def test_both_loops_write_the_same_summaries_and_checkpoints(trainer_dataset, tm
                          for step in (8, 16)})
     assert [c for c in checkpoints if c.endswith(".index")] == ["ckpt-16.index",
                                                                  "ckpt-8.index"]
-    assert top == ["checkpoints", "export", "logs", "metrics.json"]  # no backup/
+    assert top == ["checkpoints", "dataset.json", "export", "logs", "metrics.json"]  # no backup/
 
 
 def test_missing_data_dir(tmp_path, capsys):

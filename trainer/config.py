@@ -96,6 +96,11 @@ class TrainConfig:
     verify_checksums: bool = _field(False, "check each shard's sha256 against "
                                            "manifest.json before training (each "
                                            "input pipeline its own files)")
+    allow_new_dataset: bool = _field(False, "resume on another dataset than the one "
+                                            "model_dir/dataset.json records")
+    restart: bool = _field(False, "train from step 0, deleting model_dir's "
+                                  "checkpoints (else a run resumes, and stops if none "
+                                  "restores)")
     preset: Optional[str] = _field(None, "the preset the values started from "
                                          "(recorded in metrics.json)", flag=False)
 

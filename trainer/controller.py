@@ -2,15 +2,18 @@
 
 As in Orbit, the controller owns the loop around training and the inner
 loop only runs steps. Everything around the steps is here and is the same
-for both loops: the controller restores the latest checkpoint, and decides
+for both loops: the controller restores the newest checkpoint that restores
+(`trainer.checkpoints`; its settings checked by `trainer.resume`), and decides
 when to log (TensorBoard ``logs/train``: ``loss``, ``accuracy``,
 ``examples_per_second`` every ``log_every`` steps and at epoch ends;
 ``logs/validation``: ``loss``, ``accuracy`` per epoch), checkpoint
 (``checkpoints/ckpt-<step>`` through ``tf.train.CheckpointManager``, at
 epoch ends and every ``checkpoint_every`` steps), evaluate (epoch ends,
 with a `trainer.evaluator.Evaluator`) and profile (``--profile_steps``).
-The history of every epoch travels inside the checkpoint, so
-``metrics.json`` after a resume holds the whole run.
+The history of every epoch and the run's settings travel inside the
+checkpoint, so ``metrics.json`` after a resume holds the whole run. Before
+each evaluation and each checkpoint it checks that the data is still the
+run's (the ``check_inputs`` it is given, `trainer.dataset_pin`).
 
 * Custom loop: `Controller.train` is the outer loop. It picks the next stop
   (`Controller.next_stop`: the next log, checkpoint, profiler or epoch
@@ -28,17 +31,16 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Mapping, Protocol
+from typing import Callable, Mapping, Protocol
 
 import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 import tf_keras as keras
 
 from mnist_contract import join_path
-from trainer import outputs
+from trainer import checkpoints, outputs, resume
 from trainer.config import TrainConfig
 from trainer.evaluator import Evaluator
-from trainer.errors import TrainerError, summarize_error
 
 log = logging.getLogger(__name__)
 
@@ -66,19 +68,19 @@ class Controller:
 
     def __init__(self, config: TrainConfig, strategy: tf.distribute.Strategy,
                  model: keras.Model, optimizer, steps_per_epoch: int,
-                 evaluator: Evaluator, *, print_steps: bool):
+                 evaluator: Evaluator, *, print_steps: bool,
+                 check_inputs: Callable[[], None] = lambda: None):
         self.config, self.strategy, self.evaluator = config, strategy, evaluator
+        # Raises if the data changed since the run started (`trainer.dataset_pin`).
+        self.check_inputs = check_inputs
         self.steps_per_epoch = steps_per_epoch
         self.total_steps = config.epochs * steps_per_epoch
         self.print_steps = print_steps
         self.optimizer = optimizer
-        self.state = tf.Variable("", dtype=tf.string, trainable=False, name=STATE_NAME)
-        checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer,
-                                         **{STATE_NAME: self.state})
-        self.checkpoint = checkpoint
-        self.manager = tf.train.CheckpointManager(
-            checkpoint, outputs.write_dir(config.model_dir, outputs.CHECKPOINTS, strategy),
-            max_to_keep=config.keep_checkpoints, step_counter=optimizer.iterations)
+        self.model, self.state = model, tf.Variable("", dtype=tf.string, trainable=False,
+                                                    name=STATE_NAME)
+        self.checkpoint = self._new_checkpoint()
+        self.manager = self._new_manager()
         logs = outputs.write_dir(config.model_dir, outputs.LOGS, strategy)
         self.logs_dir = logs
         self.train_writer = tf.summary.create_file_writer(join_path(logs, "train"))
@@ -90,24 +92,26 @@ class Controller:
         self._profiling = False
 
     # -- start ---------------------------------------------------------------
+    def _new_checkpoint(self) -> tf.train.Checkpoint:
+        return tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
+                                   **{STATE_NAME: self.state})
+
+    def _new_manager(self) -> tf.train.CheckpointManager:
+        directory = outputs.write_dir(self.config.model_dir, outputs.CHECKPOINTS,
+                                      self.strategy)
+        return tf.train.CheckpointManager(
+            self.checkpoint, directory, max_to_keep=self.config.keep_checkpoints,
+            step_counter=self.optimizer.iterations)
+
     def restore(self) -> int:
-        """Restores the latest checkpoint, if any; returns the step to start from."""
-        latest = self.manager.latest_checkpoint
+        """Restores the newest checkpoint that restores (`trainer.checkpoints`);
+        returns the step to start from."""
+        directory = self.manager.directory
+        checkpoints.clean_temp(directory)
+        latest, damaged = checkpoints.restore_newest(directory, self._restore)
         if latest:
-            saved = _saved_state(latest)
-            if saved.get("model", self.config.model) != self.config.model:
-                raise TrainerError(
-                    f"{self.manager.directory}: holds checkpoints of --model="
-                    f"{saved['model']}, not --model={self.config.model}; resume with "
-                    f"--model={saved['model']} or use another --model_dir")
-            try:
-                self.checkpoint.restore(latest).assert_existing_objects_matched()
-            except (AssertionError, ValueError, tf.errors.OpError) as e:
-                raise TrainerError(f"{latest}: cannot resume from this checkpoint "
-                                   f"({summarize_error(e)}); use another --model_dir"
-                                   ) from None
-            self.history = {k: list(saved.get("history", {}).get(k, []))
-                            for k in HISTORY_KEYS}
+            checkpoints.repair_state(directory, latest, damaged)
+            self.manager = self._new_manager()  # reads the repaired state file
             log.info("restored %s", latest)
         self.step = self.start_step = int(self.optimizer.iterations.numpy())
         if self.start_step:
@@ -115,6 +119,15 @@ class Controller:
         self._logged_step, self._logged_time = self.step, time.perf_counter()
         self._profile(self.step)  # --profile_steps=1,N: from the first step
         return self.start_step
+
+    def _restore(self, prefix: str) -> None:
+        """Restores ``prefix`` after checking its settings; raises if it is damaged."""
+        saved = _saved_state(prefix)
+        resume.check_settings(saved, self.config, self.steps_per_epoch,
+                              int(prefix.rsplit("-", 1)[1]), self.manager.directory)
+        self.checkpoint = self._new_checkpoint()
+        self.checkpoint.restore(prefix).assert_existing_objects_matched()
+        self.history = {k: list(saved.get("history", {}).get(k, [])) for k in HISTORY_KEYS}
 
     # -- the outer loop (custom loop) -----------------------------------------
     def train(self, inner: InnerLoop, iterator) -> None:
@@ -171,7 +184,11 @@ class Controller:
         self._save()
 
     def evaluate(self) -> dict:
-        self.result = self.evaluator()
+        """Evaluates, checking before and after that the data is still the run's."""
+        self.check_inputs()
+        result = self.evaluator()
+        self.check_inputs()
+        self.result = result
         return self.result
 
     def close(self) -> None:
@@ -209,8 +226,10 @@ class Controller:
             tf.summary.scalar("examples_per_second", rate)
 
     def _save(self) -> None:
-        self.state.assign(json.dumps({"model": self.config.model,
-                                      "history": self.history}))
+        self.check_inputs()
+        self.state.assign(json.dumps({
+            "model": self.config.model, "history": self.history,
+            "settings": resume.saved_settings(self.config, self.steps_per_epoch)}))
         self.manager.save(checkpoint_number=self.step)
 
     def _profile_boundaries(self) -> tuple[int, ...]:

@@ -72,6 +72,11 @@ RECORDS_PER_READ = 256
 
 def load_manifest(data_dir: str) -> contract.Manifest:
     """Reads ``manifest.json`` from ``data_dir`` (any tf.io.gfile path)."""
+    return read_manifest(data_dir)[0]
+
+
+def read_manifest(data_dir: str) -> tuple[contract.Manifest, bytes]:
+    """`load_manifest` and the bytes it parsed (their sha256 identifies the dataset)."""
     path = contract.join_path(data_dir, contract.MANIFEST_FILE)
     journal = contract.join_path(data_dir, contract.PUBLISH_JOURNAL_FILE)
     try:
@@ -90,9 +95,9 @@ def load_manifest(data_dir: str) -> contract.Manifest:
             f"{path}: no {contract.MANIFEST_FILE} (not a complete pipeline output; "
             "the pipeline writes it last)")
     try:
-        with tf.io.gfile.GFile(path, "r") as f:
-            text = f.read()
-        return contract.Manifest.from_json(text, origin=path)
+        with tf.io.gfile.GFile(path, "rb") as f:
+            raw = f.read()
+        return contract.Manifest.from_json(raw, origin=path), raw
     except contract.ContractError as e:
         raise TrainerError(str(e)) from None
     except tf.errors.OpError as e:

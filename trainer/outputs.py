@@ -13,6 +13,18 @@ Layout::
                              plugins/profile/ with --profile_steps)
     model_dir/export/        the trained model (SavedModel)
     model_dir/metrics.json   the final metrics returned by train_and_evaluate
+    model_dir/dataset.json   the dataset the run is pinned to (`trainer.dataset_pin`)
+    model_dir/.lock          held by the running chief (`trainer.run_lock`)
+
+The export and ``metrics.json`` are committed together (`commit_export`):
+the new export is saved under ``.export.new-<run id>/`` with its id in
+``trainer_export.json``; then ``metrics.json`` is deleted,
+``export/`` is moved aside and the new one moved into place, and
+``metrics.json``, which names the export's id, is written last: it is the
+commit point. A reader that finds ``metrics.json`` naming the id in
+``export/`` has the pair one run wrote; without it, an export was cut
+short and the next run redoes it (leftover ``.export.new-*`` and
+``.export.old-*`` folders are removed at start, `discard_stale_exports`).
 """
 
 from __future__ import annotations
@@ -32,6 +44,7 @@ CHECKPOINTS = "checkpoints"
 LOGS = "logs"
 EXPORT = "export"
 METRICS = "metrics.json"
+EXPORT_ID_FILE = "trainer_export.json"  # inside an export: its id (loaders ignore it)
 
 
 def write_dir(model_dir: str, sub: str, strategy: tf.distribute.Strategy) -> str:
@@ -60,8 +73,85 @@ def discard_scratch(model_dir: str, strategy: tf.distribute.Strategy) -> None:
         tf.io.gfile.rmtree(path)
 
 
-def write_metrics(model_dir: str, metrics: dict, strategy: tf.distribute.Strategy) -> None:
-    if strategy_lib.is_chief(strategy):
-        with tf.io.gfile.GFile(join_path(model_dir, METRICS), "w") as f:
-            f.write(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+def write_text(path: str, text: str) -> None:
+    """Writes ``path`` through a temporary file renamed over it, so a reader sees
+    the old text or the new, never a part (a rename is one object copy on gs://)."""
+    temp = f"{path}.tmp"
+    with tf.io.gfile.GFile(temp, "w") as f:
+        f.write(text)
+    tf.io.gfile.rename(temp, path, overwrite=True)
+
+
+def move_tree(source: str, target: str) -> None:
+    """Moves a folder: one rename on a local disk; file by file elsewhere
+    (gs:// and ram:// have no folder rename)."""
+    if "://" not in source:
+        tf.io.gfile.rename(source, target)
+        return
+    for folder, _, files in tf.io.gfile.walk(source):
+        relative = folder[len(source):].lstrip("/")
+        destination = join_path(target, relative) if relative else target
+        tf.io.gfile.makedirs(destination)
+        for name in files:
+            tf.io.gfile.rename(join_path(folder, name), join_path(destination, name))
+    tf.io.gfile.rmtree(source)
+
+
+def staging_dir(model_dir: str, run_id: str) -> str:
+    """Where a run saves its export before `commit_export` (hidden, and not
+    named ``export...``: ram:// takes a path that prefixes another as existing)."""
+    return join_path(model_dir, f".{EXPORT}.new-{run_id}")
+
+
+def export_id(export_dir: str) -> str:
+    """The id a committed export carries ("" for none)."""
+    try:
+        with tf.io.gfile.GFile(join_path(export_dir, EXPORT_ID_FILE), "r") as f:
+            return str(json.loads(f.read()).get("export_id", ""))
+    except (tf.errors.NotFoundError, ValueError, AttributeError):
+        return ""
+
+
+def uncommitted(model_dir: str) -> str:
+    """"" when ``model_dir/export`` is the export ``metrics.json`` describes (or
+    carries no id: not written by `commit_export`), else what is wrong."""
+    carried = export_id(join_path(model_dir, EXPORT))
+    if not carried:
+        return ""
+    try:
+        with tf.io.gfile.GFile(join_path(model_dir, METRICS), "r") as f:
+            named = str(json.loads(f.read()).get("export_id", ""))
+    except tf.errors.NotFoundError:
+        return f"no {METRICS} beside it: its export did not finish"
+    except (ValueError, AttributeError):
+        return f"{METRICS} is unreadable"
+    if named != carried:
+        return f"{METRICS} describes export {named}, not this one ({carried})"
+    return ""
+
+
+def commit_export(model_dir: str, staged: str, metrics: dict) -> None:
+    """Publishes ``staged`` as ``model_dir/export`` with ``metrics`` (which
+    names the export's id), ``metrics.json`` written last (the commit point)."""
+    write_text(join_path(staged, EXPORT_ID_FILE),
+               json.dumps({"export_id": metrics["export_id"]}) + "\n")
+    metrics_path, final = join_path(model_dir, METRICS), join_path(model_dir, EXPORT)
+    old = join_path(model_dir, f".{EXPORT}.old-{metrics['export_id']}")
+    if tf.io.gfile.exists(metrics_path):
+        tf.io.gfile.remove(metrics_path)  # until the last write: nothing committed
+    if tf.io.gfile.exists(final):
+        move_tree(final, old)
+    move_tree(staged, final)
+    write_text(metrics_path, json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    if tf.io.gfile.exists(old):
+        tf.io.gfile.rmtree(old)
+
+
+def discard_stale_exports(model_dir: str) -> None:
+    """Removes the ``.export.new-*`` / ``.export.old-*`` folders of runs that
+    stopped while exporting (the lock is held: no run is writing them)."""
+    for path in tf.io.gfile.glob(join_path(model_dir, f".{EXPORT}.*-*")):
+        path = path.rstrip("/")
+        log.warning("%s: removing the leftovers of an export that did not finish", path)
+        tf.io.gfile.rmtree(path)
 

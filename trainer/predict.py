@@ -41,6 +41,10 @@ def load_signature(model_dir: str):
     path = contract.join_path(model_dir, outputs.EXPORT)
     if not tf.io.gfile.exists(contract.join_path(path, "saved_model.pb")):
         raise TrainerError(f"{path}: no SavedModel (train with --model_dir={model_dir} first)")
+    problem = outputs.uncommitted(model_dir)
+    if problem:  # the pair export + metrics.json is not one run's (`trainer.outputs`)
+        raise TrainerError(f"{path}: not committed ({problem}); run the trainer with "
+                           f"--model_dir={model_dir} again to finish it")
     try:
         loaded = tf.saved_model.load(path)
     except (tf.errors.OpError, ValueError) as e:

@@ -18,6 +18,7 @@ a line pointing at the other worker, rather than waiting for it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Sequence
 
@@ -27,7 +28,8 @@ import tf_keras
 
 import mnist_contract as contract
 from mnist_contract import join_path
-from trainer import checks, controller as controller_lib, custom_loop, data, export
+from trainer import checkpoints, checks, controller as controller_lib, custom_loop, data
+from trainer import dataset_pin, export, run_lock
 from trainer import keras_loop
 from trainer import model as model_lib, outputs, strategy as strategy_lib
 from trainer.evaluator import Evaluator
@@ -54,9 +56,13 @@ def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict
                            (every epoch of the run, including those before a resume)
 
     ``callbacks`` are extra Keras callbacks (Keras loop only).
+
+    Also ``dataset`` (the data's path and manifest sha256, `trainer.dataset_pin`)
+    and ``export_id`` (the id ``model_dir/export`` carries, `trainer.outputs`).
+    The chief holds ``model_dir``'s lock (`trainer.run_lock`) for the run.
     """
     checks.check_model_dir(config.model_dir)
-    splits = _read_splits(config)
+    splits, pin = _read_splits(config)
     # Before any tf.data work: a CPU split or a multi-worker strategy must be
     # set up before TensorFlow's runtime starts.
     strategy = strategy_lib.make_strategy(config.strategy, config.tpu, config.cpu_replicas)
@@ -68,27 +74,73 @@ def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict
         # seeded in `trainer.data`.
         tf_keras.utils.set_random_seed(config.seed)
     checks.check_model_dir(config.model_dir, create=True)
-    result = _run_with_errors(config, strategy, splits, steps_per_epoch, callbacks)
-    metrics = {
+    chief = strategy_lib.is_chief(strategy)
+    lock = run_lock.acquire(config.model_dir) if chief else None
+    try:
+        if chief:
+            _prepare_model_dir(config, pin)
+        run = _Run(config, strategy, splits, steps_per_epoch, pin,
+                   lock.run_id if lock else "worker")
+        result = _run_with_errors(run, callbacks)
+        metrics = _metrics(run, result)
+        if lock is not None:
+            pin.check()
+            lock.check_held(config.model_dir)
+            outputs.commit_export(config.model_dir, result.pop("staged"), metrics)
+    finally:
+        if lock is not None:
+            lock.release()
+    return metrics
+
+
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    """What the parts of one run share."""
+
+    config: TrainConfig
+    strategy: tf.distribute.Strategy
+    splits: tuple[data.SplitFiles, data.SplitFiles]
+    steps_per_epoch: int
+    pin: dataset_pin.DatasetPin
+    run_id: str
+
+
+def _metrics(run: _Run, result: dict) -> dict:
+    config, strategy = run.config, run.strategy
+    return {
         "preset": config.preset,
         "loop": config.loop,
         "strategy": strategy_lib.public_name(strategy),
         "replicas": strategy.num_replicas_in_sync,
         "global_batch_size": config.global_batch_size,
         "epochs": config.epochs,
-        "steps_per_epoch": steps_per_epoch,
+        "steps_per_epoch": run.steps_per_epoch,
         "train_examples": result["train_steps"] * config.global_batch_size,
-        **result,
+        "dataset": run.pin.summary(),
+        "export_id": f"{run.run_id}-step{result['train_steps']}",
+        **{k: v for k, v in result.items() if k != "staged"},
     }
-    outputs.write_metrics(config.model_dir, metrics, strategy)
-    return metrics
 
 
-def _read_splits(config: TrainConfig) -> tuple[data.SplitFiles, data.SplitFiles]:
-    """The manifest's train and test files, each checked to exist with its size."""
-    manifest = data.load_manifest(config.data)
+def _prepare_model_dir(config: TrainConfig, pin: dataset_pin.DatasetPin) -> None:
+    """The chief, holding the lock: clears what interrupted runs left, applies
+    ``--restart``, and pins the dataset (refusing another one on resume)."""
+    directory = join_path(config.model_dir, outputs.CHECKPOINTS)
+    outputs.discard_stale_exports(config.model_dir)
+    if config.restart:
+        checkpoints.discard(directory)
+    dataset_pin.pin_run(config.model_dir, pin,
+                        resuming=bool(checkpoints.list_checkpoints(directory)),
+                        allow_new=config.allow_new_dataset)
+
+
+def _read_splits(config: TrainConfig):
+    """The manifest's train and test files, each checked to exist with its size,
+    and the dataset's identity."""
+    manifest, raw = data.read_manifest(config.data)
+    pin = dataset_pin.DatasetPin.of(config.data, manifest, raw)
     return (data.split_files(config.data, manifest, "train"),
-            data.split_files(config.data, manifest, "test"))
+            data.split_files(config.data, manifest, "test")), pin
 
 
 def _check_inputs(config: TrainConfig, strategy: tf.distribute.Strategy,
@@ -117,18 +169,23 @@ def _check_inputs(config: TrainConfig, strategy: tf.distribute.Strategy,
     return steps_per_epoch
 
 
-def _run_with_errors(config: TrainConfig, strategy: tf.distribute.Strategy,
-                     splits: Sequence[data.SplitFiles], steps_per_epoch: int,
-                     callbacks: Sequence) -> dict:
+def _run_with_errors(run: _Run, callbacks: Sequence) -> dict:
     """`_run` under the precision policy, its failures as `TrainerError` lines."""
-    model_lib.set_precision(config.mixed_precision)
+    model_lib.set_precision(run.config.mixed_precision)
     try:
-        return _run(config, strategy, *splits, steps_per_epoch, callbacks)
-    except tf.errors.DataLossError as e:
-        raise _corrupt_data_error(e, splits) from None
+        return _run(run, callbacks)
+    except (tf.errors.NotFoundError, tf.errors.DataLossError,
+            tf.errors.InvalidArgumentError) as e:
+        # A shard replaced under the reader: gone, cut short, or another format.
+        changed = run.pin.changed()
+        if changed:
+            raise dataset_pin.changed_error(run.config.data, changed) from None
+        if isinstance(e, tf.errors.DataLossError):
+            raise _corrupt_data_error(e, run.splits) from None
+        raise
     except (tf.errors.UnavailableError, tf.errors.AbortedError,
             tf.errors.CancelledError) as e:
-        if not strategy_lib.is_multi_worker(strategy):
+        if not strategy_lib.is_multi_worker(run.strategy):
             raise
         # A peer that failed (e.g. on a corrupt shard of its own) closes its
         # end; the collectives here abort instead of waiting for it forever.
@@ -139,17 +196,22 @@ def _run_with_errors(config: TrainConfig, strategy: tf.distribute.Strategy,
         model_lib.set_precision("none")
 
 
-def _run(config: TrainConfig, strategy: tf.distribute.Strategy, train_files: data.SplitFiles,
-         test_files: data.SplitFiles, steps_per_epoch: int, callbacks: Sequence) -> dict:
-    """The skeleton: build, restore, train (inner loop), evaluate, export."""
-    model, optimizer = model_lib.build(config, strategy, config.epochs * steps_per_epoch)
+def _run(run: _Run, callbacks: Sequence) -> dict:
+    """The skeleton: build, restore, train (inner loop), evaluate, export.
+
+    The chief's export goes to a staging folder (``staged`` in the result)
+    for `trainer.outputs.commit_export`.
+    """
+    config, strategy, (train_files, test_files) = run.config, run.strategy, run.splits
+    model, optimizer = model_lib.build(config, strategy, config.epochs * run.steps_per_epoch)
     test_ds, eval_steps = data.eval_input(strategy, test_files, config)
     evaluator = Evaluator(
         strategy, model, test_ds, eval_steps, expected_examples=test_files.num_examples,
         origin=join_path(config.data, contract.MANIFEST_FILE))
     controller = controller_lib.Controller(
-        config, strategy, model, optimizer, steps_per_epoch, evaluator,
-        print_steps=config.loop == "custom")  # Keras prints its own progress
+        config, strategy, model, optimizer, run.steps_per_epoch, evaluator,
+        print_steps=config.loop == "custom",  # Keras prints its own progress
+        check_inputs=run.pin.check)
     outputs.log_write_dirs(config.model_dir, strategy)
     try:
         controller.restore()
@@ -160,9 +222,14 @@ def _run(config: TrainConfig, strategy: tf.distribute.Strategy, train_files: dat
         result = controller.finish()
     finally:
         controller.close()
-    export.export_model(model, outputs.write_dir(config.model_dir, outputs.EXPORT, strategy))
+    run.pin.check()
+    if strategy_lib.is_chief(strategy):
+        staged = outputs.staging_dir(config.model_dir, run.run_id)
+    else:
+        staged = outputs.write_dir(config.model_dir, outputs.EXPORT, strategy)
+    export.export_model(model, staged)
     outputs.discard_scratch(config.model_dir, strategy)
-    return result
+    return {**result, "staged": staged}
 
 
 def _train_custom(config: TrainConfig, strategy: tf.distribute.Strategy,

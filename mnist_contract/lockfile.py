@@ -1,0 +1,227 @@
+"""One writer per folder: a lock file created exclusively, kept fresh by a heartbeat.
+
+The conversion job locks its output (`pipeline.publish.lock`) and the
+trainer its ``model_dir`` (`trainer.run_lock`) the same way, so the shared
+parts live here (standard library only):
+
+* `LockInfo`: what a lock says of its holder (run id, host, pid, start
+  time, heartbeat) and the one line that names it;
+* `dead_reason`: when a holder is provably dead (same host and its pid
+  gone, or a heartbeat older than `STALE_SECONDS`);
+* `LocalLockFile`: the backend for a local disk (``O_CREAT|O_EXCL``; the
+  heartbeat is the file's mtime; a takeover renames the stale file aside
+  and checks it is still the one judged);
+* `HeldLock`: a held lock with its heartbeat thread;
+* `claim`: create the lock, or take over a dead holder's.
+
+A backend offers ``create(data) -> token | None`` (None: the lock exists),
+``read() -> (data, token, heartbeat) | None``, ``refresh(token, data) ->
+token | None`` (None: no longer ours) and ``delete_if(token) -> bool``
+(delete only the lock that was judged).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Optional
+
+LOCK_FILE = ".lock"
+HEARTBEAT_SECONDS = 10.0
+STALE_SECONDS = 300.0
+
+
+@dataclasses.dataclass(frozen=True)
+class LockInfo:
+    run_id: str
+    host: str
+    pid: int
+    started: float
+    heartbeat: float
+
+    @classmethod
+    def for_this_process(cls, run_id: str) -> "LockInfo":
+        now = time.time()
+        return cls(run_id, socket.gethostname(), os.getpid(), now, now)
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, heartbeat: float) -> "LockInfo":
+        """Parses a lock; an unreadable one (half written) counts as an unknown holder."""
+        try:
+            raw = json.loads(data.decode())
+            return cls(str(raw["run_id"]), str(raw["host"]), int(raw["pid"]),
+                       float(raw["started"]), max(float(raw["heartbeat"]), heartbeat))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            return cls("?", "?", -1, heartbeat, heartbeat)
+
+    def describe(self, now: float) -> str:
+        started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started))
+        return (f"run {self.run_id} (host {self.host}, pid {self.pid}, started "
+                f"{started}, heartbeat {max(0, now - self.heartbeat):.0f}s ago)")
+
+
+def dead_reason(info: LockInfo, now: float, host: Optional[str] = None) -> str:
+    """Why the holder is provably dead, or "" if it may be alive."""
+    if now - info.heartbeat > STALE_SECONDS:
+        return f"heartbeat {now - info.heartbeat:.0f}s old (> {STALE_SECONDS:.0f}s)"
+    if info.host == (host or socket.gethostname()) and info.pid > 0:
+        try:
+            os.kill(info.pid, 0)
+        except ProcessLookupError:
+            return f"pid {info.pid} is gone on this host"
+        except PermissionError:
+            pass
+    return ""
+
+
+class LocalLockFile:
+    """The lock as a local file. A token is (content, mtime_ns): what was judged."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def create(self, data: bytes):
+        try:
+            fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            return None
+        try:
+            try:
+                os.write(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError:  # e.g. disk full: leave no empty lock behind
+            os.unlink(self.path)
+            raise
+        return self.read()[1]
+
+    def read(self):
+        try:
+            with open(self.path, "rb") as f:
+                data = f.read()
+                mtime_ns = os.fstat(f.fileno()).st_mtime_ns
+        except FileNotFoundError:
+            return None
+        return data, (data, mtime_ns), mtime_ns / 1e9
+
+    def refresh(self, token, data: bytes):
+        current = self.read()
+        if current is None or current[1][0] != token[0]:
+            return None
+        os.utime(self.path)
+        return self.read()[1]
+
+    def delete_if(self, token) -> bool:
+        aside = f"{self.path}.taking-{os.getpid()}-{time.monotonic_ns()}"
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:
+            return False
+        with open(aside, "rb") as f:
+            same = (f.read(), os.fstat(f.fileno()).st_mtime_ns) == token
+        if not same:  # refreshed or replaced since it was judged: put it back
+            try:
+                os.link(aside, self.path)
+            except FileExistsError:
+                pass
+        os.unlink(aside)
+        return same
+
+
+class HeldLock:
+    """A held lock; `release` it when the run ends. Built from `claim`'s token."""
+
+    def __init__(self, path: str, backend, info: LockInfo, token):
+        self.path = path
+        self.run_id = info.run_id
+        self._backend = backend
+        self._info = info
+        self._token = token
+        self._mutex = threading.Lock()
+        self._stop = threading.Event()
+        self.lost = ""
+        self._thread = threading.Thread(target=self._beat, daemon=True,
+                                        name=f"lock-heartbeat-{info.run_id}")
+        self._thread.start()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_SECONDS):
+            try:
+                self.refresh()
+            except Exception as e:  # storage hiccup: the next beat retries
+                logging.warning("Could not refresh the lock %s: %s", self.path, e)
+
+    def refresh(self) -> None:
+        with self._mutex:
+            if self.lost or self._token is None:
+                return
+            info = dataclasses.replace(self._info, heartbeat=time.time())
+            token = self._backend.refresh(self._token, info.to_bytes())
+            if token is None:
+                self.lost = "the lock was taken over or removed by another run"
+                logging.error("%s: %s", self.path, self.lost)
+            else:
+                self._info, self._token = info, token
+
+    def lost_reason(self) -> str:
+        """"" while this run still holds the lock, else why not (reads the lock)."""
+        current = self._backend.read()
+        if current is not None and not self.lost:
+            info = LockInfo.from_bytes(current[0], current[2])
+            if info.run_id == self._info.run_id:
+                return ""
+            self.lost = f"the lock is now held by {info.describe(time.time())}"
+        return self.lost or "lock removed"
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
+        with self._mutex:
+            token, self._token = self._token, None
+            if token is None or self.lost:
+                return
+            try:
+                if not self._backend.delete_if(token):
+                    logging.warning("%s: not releasing, another run holds it now",
+                                    self.path)
+            except Exception as e:  # the run's outcome stands; say what is left
+                logging.warning("Could not release the lock %s (%s); the next run "
+                                "takes it over once this process is gone", self.path, e)
+
+
+def claim(backend, info: LockInfo, where: str):
+    """Creates the lock, taking over a provably dead holder's (with a warning).
+
+    Returns ``(token, None)`` once this run holds it, ``(None, holder)`` while
+    a live run holds it, ``(None, None)`` if other runs kept taking it.
+    Storage failures propagate for the caller to report.
+    """
+    for _ in range(5):
+        token = backend.create(info.to_bytes())
+        if token is not None:
+            return token, None
+        current = backend.read()
+        if current is None:
+            continue  # released between our create and read: try again
+        data, token, heartbeat = current
+        holder = LockInfo.from_bytes(data, heartbeat)
+        if holder.run_id == info.run_id:  # our create succeeded, its reply was lost
+            return token, None
+        now = time.time()
+        reason = dead_reason(holder, now)
+        if not reason:
+            return None, holder
+        if backend.delete_if(token):
+            logging.warning("%s: taking over the lock of %s: %s", where,
+                            holder.describe(now), reason)
+    return None, None

@@ -1,0 +1,115 @@
+"""Damaged checkpoints cost only themselves: the run resumes from the newest one
+that restores and never saves over an intact one.
+
+A two-epoch run (``--steps_per_epoch=4``) leaves ckpt-4 and ckpt-8. Each case damages the state file
+or a checkpoint, resumes for a third epoch in this process, and checks where
+it resumed and that the intact checkpoints' files are byte-for-byte the same.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from tests import trainer_data
+from tests.trainer_runs import metrics, one_error, run
+
+SPE = ["--steps_per_epoch=4", "--loop=custom"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    root = tmp_path_factory.mktemp("damage")
+    data = str(root / "data")
+    trainer_data.write_dataset(data, num_train=40, num_test=20, train_shards=2,
+                               test_shards=1)
+    model_dir = str(root / "trained")
+    assert run(data, model_dir, "--epochs=2", *SPE) == 0
+    return data, model_dir
+
+
+@pytest.fixture
+def model_dir(trained, tmp_path):
+    copy = str(tmp_path / "m")
+    shutil.copytree(trained[1], copy)
+    return copy
+
+
+def ckpt(model_dir: str, step: int) -> dict:
+    folder = os.path.join(model_dir, "checkpoints")
+    return {name: open(os.path.join(folder, name), "rb").read()
+            for name in os.listdir(folder) if name.startswith(f"ckpt-{step}.")}
+
+
+def resume(data, model_dir, capsys, *flags) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = run(data, model_dir, "--epochs=3", *SPE, *flags)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("damage", ["garbage", "deleted"])
+def test_damaged_state_file_resumes_from_the_newest_checkpoint(trained, model_dir, capsys,
+                                                               damage):
+    state = os.path.join(model_dir, "checkpoints", "checkpoint")
+    if damage == "garbage":
+        with open(state, "w") as f:
+            f.write("not a checkpoint state\n")
+    else:
+        os.remove(state)
+    before = {4: ckpt(model_dir, 4), 8: ckpt(model_dir, 8)}
+    code, out, err = resume(trained[0], model_dir, capsys)
+    assert code == 0, err
+    assert "resuming at step 8/12" in out
+    assert metrics(model_dir)["resumed_from_step"] == 8
+    assert {4: ckpt(model_dir, 4), 8: ckpt(model_dir, 8)} == before
+
+
+def test_truncated_newest_checkpoint_falls_back_to_the_earlier_one(trained, model_dir,
+                                                                   capsys, caplog):
+    data_file = os.path.join(model_dir, "checkpoints", "ckpt-8.data-00000-of-00001")
+    with open(data_file, "r+b") as f:
+        f.truncate(100)
+    before = ckpt(model_dir, 4)
+    code, out, err = resume(trained[0], model_dir, capsys)
+    assert code == 0, err
+    assert "Traceback" not in err
+    assert f"{model_dir}/checkpoints/ckpt-8: damaged, skipped" in caplog.text
+    assert "resuming at step 4/12" in out
+    assert ckpt(model_dir, 4) == before
+    result = metrics(model_dir)
+    assert result["resumed_from_step"] == 4 and result["train_steps"] == 12
+    assert len(result["history"]["test_accuracy"]) == 3
+
+
+def test_no_checkpoint_restores_stops_unless_restart(trained, model_dir, capsys):
+    for step in (4, 8):
+        with open(os.path.join(model_dir, "checkpoints",
+                               f"ckpt-{step}.data-00000-of-00001"), "r+b") as f:
+            f.truncate(100)
+    before = {4: ckpt(model_dir, 4), 8: ckpt(model_dir, 8)}
+    capsys.readouterr()
+    assert run(trained[0], model_dir, "--epochs=3", *SPE) == 1
+    line = one_error(capsys)
+    assert line.startswith(f"error: {model_dir}/checkpoints/ckpt-8: cannot resume from "
+                           "this checkpoint (")
+    assert "pass --restart to train from step 0" in line
+    assert {4: ckpt(model_dir, 4), 8: ckpt(model_dir, 8)} == before  # nothing saved over
+    code, out, err = resume(trained[0], model_dir, capsys, "--restart")
+    assert code == 0, err
+    assert "resuming" not in out
+    assert metrics(model_dir)["resumed_from_step"] == 0
+
+
+def test_leftovers_of_a_cut_save_are_removed_with_a_warning(trained, model_dir, capsys,
+                                                             caplog):
+    temp = os.path.join(model_dir, "checkpoints", "ckpt-10_temp")
+    os.makedirs(temp)
+    with open(os.path.join(temp, "part-00000-of-00001.data-00000-of-00001"), "wb") as f:
+        f.write(b"half")
+    code, out, err = resume(trained[0], model_dir, capsys)
+    assert code == 0, err
+    assert f"{temp}: removing the leftovers of a checkpoint save" in caplog.text
+    assert not os.path.exists(temp)

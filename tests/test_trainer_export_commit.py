@@ -1,0 +1,71 @@
+"""Export and metrics.json are committed together: a kill while exporting never
+leaves an export beside metrics.json that describes another one."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests import trainer_data
+from tests.helpers import REPO
+from tests.trainer_runs import metrics, run, start
+
+pytestmark = pytest.mark.slow
+
+
+def predict_accuracy(model_dir: str, data: str) -> tuple[int, str]:
+    """``(exit status, last line)`` of ``python -m trainer.predict`` on the test split."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer.predict", f"--model_dir={model_dir}",
+         f"--data={data}", "--split=test"], cwd=REPO, capture_output=True, text=True,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    lines = (proc.stdout if proc.returncode == 0 else proc.stderr).strip().splitlines()
+    return proc.returncode, lines[-1]
+
+
+def new_variables_index(model_dir: str, since: float) -> bool:
+    found = [p for folder in ("export", ".export.*") for p in glob.glob(
+        os.path.join(model_dir, folder, "variables", "variables.index"))]
+    return any(os.stat(p).st_mtime > since for p in found)
+
+
+def test_kill_while_exporting_leaves_a_consistent_pair(tmp_path):
+    data, model_dir = str(tmp_path / "data"), str(tmp_path / "m")
+    trainer_data.write_dataset(data, num_train=256, num_test=37, train_shards=2,
+                               test_shards=1)
+    flags = ("--loop=custom", "--global_batch_size=32", "--learning_rate=3e-4")
+    assert run(data, model_dir, "--epochs=1", *flags) == 0
+    first = metrics(model_dir)
+    since = time.time()
+    proc = start(data, model_dir, "--epochs=3", *flags)
+    try:
+        while not new_variables_index(model_dir, since):
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.002)
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    code, line = predict_accuracy(model_dir, data)
+    if os.path.exists(os.path.join(model_dir, "metrics.json")):
+        described = metrics(model_dir)
+        assert described == first  # the kill came before the commit point
+        assert code == 0 and line.startswith(f"accuracy={described['test_accuracy']:.4f} ")
+    else:  # killed between the two: the export is refused, not trusted
+        assert code == 1 and "not committed" in line, line
+    # The next run finishes the job: one consistent pair.
+    assert run(data, model_dir, "--epochs=3", *flags) == 0
+    final = metrics(model_dir)
+    assert final["train_steps"] == 24 and final["test_accuracy"] != first["test_accuracy"]
+    code, line = predict_accuracy(model_dir, data)
+    assert code == 0 and line.startswith(f"accuracy={final['test_accuracy']:.4f} ")
+    with open(os.path.join(model_dir, "export", "trainer_export.json")) as f:
+        assert json.load(f)["export_id"] == final["export_id"]
+    assert not glob.glob(os.path.join(model_dir, ".export.*"))

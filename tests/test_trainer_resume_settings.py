@@ -1,0 +1,70 @@
+"""Resuming with changed settings: refused with one line naming the flag, or
+(more epochs) continued with truthful metrics."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from tests import trainer_data
+from tests.trainer_runs import metrics, one_error, run
+
+LOOP = ["--loop=custom", "--steps_per_epoch=4"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """Two epochs of 4 steps at batch 8, constant learning rate."""
+    root = tmp_path_factory.mktemp("settings")
+    data = str(root / "data")
+    trainer_data.write_dataset(data, num_train=40, num_test=20, train_shards=2,
+                               test_shards=1)
+    model_dir = str(root / "trained")
+    assert run(data, model_dir, "--epochs=2", *LOOP) == 0
+    return data, model_dir
+
+
+@pytest.fixture
+def model_dir(trained, tmp_path):
+    copy = str(tmp_path / "m")
+    shutil.copytree(trained[1], copy)
+    return copy
+
+
+@pytest.mark.parametrize("flag, saved", [
+    ("--global_batch_size=16", "8"),
+    ("--augment", "false"),
+    ("--lr_schedule=cosine", "constant"),
+    ("--learning_rate=0.01", "0.001"),
+    ("--warmup_steps=3", "0"),
+    ("--steps_per_epoch=5", "4"),
+])
+def test_a_setting_that_defines_the_run_cannot_change(trained, model_dir, capsys, flag,
+                                                       saved):
+    capsys.readouterr()
+    flags = [f for f in LOOP if f.split("=")[0] != flag.split("=")[0]]
+    assert run(trained[0], model_dir, "--epochs=3", *flags, flag) == 1
+    name, _, value = flag.partition("=")
+    value = value or "true"
+    assert one_error(capsys) == (
+        f"error: {name}={value}: {model_dir} was trained with {saved}; resume with "
+        f"{name}={saved} or use another --model_dir")
+
+
+def test_fewer_epochs_than_trained_is_refused(trained, model_dir, capsys):
+    capsys.readouterr()
+    assert run(trained[0], model_dir, "--epochs=1", *LOOP) == 1
+    assert one_error(capsys) == (
+        f"error: --epochs=1: {model_dir} has trained 8 steps (2 epochs of 4); resume "
+        "with --epochs=2 or more, or use another --model_dir")
+
+
+def test_more_epochs_continue_with_truthful_metrics(trained, model_dir, capsys):
+    capsys.readouterr()
+    assert run(trained[0], model_dir, "--epochs=3", *LOOP) == 0
+    assert "resuming at step 8/12" in capsys.readouterr().out
+    result = metrics(model_dir)
+    assert result["epochs"] == 3 and result["train_steps"] == 12
+    assert result["train_examples"] == 12 * 8
+    assert all(len(values) == 3 for values in result["history"].values())

@@ -1,0 +1,48 @@
+"""Small trainer runs for the trust tests: in-process (`run`) or as a process (`start`).
+
+Every run passes ``--preset=smoke`` and tiny sizes, so each takes seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.helpers import REPO
+from trainer import __main__ as cli
+
+FLAGS = ["--preset=smoke", "--global_batch_size=8", "--steps_per_execution=2",
+         "--verbose=0", "--log_every=1000"]
+
+
+def run(data: str, model_dir: str, *flags: str) -> int:
+    """``python -m trainer`` in this process; returns the exit status."""
+    return cli.main([f"--data={data}", f"--model_dir={model_dir}", *FLAGS, *flags])
+
+
+def start(data: str, model_dir: str, *flags: str) -> subprocess.Popen:
+    """``python -m trainer`` as a process (stdout and stderr piped, text)."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    return subprocess.Popen(
+        [sys.executable, "-m", "trainer", f"--data={data}", f"--model_dir={model_dir}",
+         *FLAGS, *flags],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def errors(err: str) -> list[str]:
+    """The ``error:`` lines of a run's stderr (a traceback fails the caller)."""
+    assert "Traceback" not in err, err[-3000:]
+    return [line for line in err.splitlines() if line.startswith("error: ")]
+
+
+def one_error(capsys) -> str:
+    lines = errors(capsys.readouterr().err)
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def metrics(model_dir: str) -> dict:
+    with open(os.path.join(model_dir, "metrics.json")) as f:
+        return json.load(f)
