@@ -5,7 +5,10 @@ loop only runs steps. Everything around the steps is here and is the same
 for both loops: the controller restores the latest checkpoint, and decides
 when to log (TensorBoard ``logs/train``: ``loss``, ``accuracy``,
 ``examples_per_second`` every ``log_every`` steps and at epoch ends;
-``logs/validation``: ``loss``, ``accuracy`` per epoch), checkpoint
+``logs/validation``: ``loss``, ``accuracy`` per epoch; and the images and
+settings of `trainer.summaries`: the input digits and the config at start,
+the confusion matrix and misclassified digits per epoch, the final test
+metrics at the end), checkpoint
 (``checkpoints/ckpt-<step>`` through ``tf.train.CheckpointManager``, at
 epoch ends and every ``checkpoint_every`` steps), evaluate (epoch ends,
 with a `trainer.evaluator.Evaluator`) and profile (``--profile_steps``).
@@ -30,12 +33,14 @@ import logging
 import time
 from typing import Mapping, Protocol
 
+import numpy as np
+
 import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 import tf_keras as keras
 
 from mnist_contract import join_path
-from trainer import outputs
+from trainer import outputs, summaries
 from trainer.config import TrainConfig
 from trainer.evaluator import Evaluator
 from trainer.errors import TrainerError, summarize_error
@@ -83,6 +88,8 @@ class Controller:
         self.logs_dir = logs
         self.train_writer = tf.summary.create_file_writer(join_path(logs, "train"))
         self.eval_writer = tf.summary.create_file_writer(join_path(logs, "validation"))
+        # The run's root: its HParams record and final test metrics.
+        self.run_writer = tf.summary.create_file_writer(logs)
         self.history: dict[str, list[float]] = {k: [] for k in HISTORY_KEYS}
         self.step = self.start_step = 0
         self.result: dict = {}
@@ -115,6 +122,15 @@ class Controller:
         self._logged_step, self._logged_time = self.step, time.perf_counter()
         self._profile(self.step)  # --profile_steps=1,N: from the first step
         return self.start_step
+
+    def log_start(self, inputs: np.ndarray) -> None:
+        """The run's settings (HParams) and a batch of its input digits
+        (`trainer.summaries.train_preview`), at the step training starts from."""
+        with self.run_writer.as_default(step=self.step):
+            summaries.write_hparams(summaries.hparams_values(self.config,
+                                                             self.steps_per_epoch))
+        with self.train_writer.as_default(step=self.step):
+            summaries.write_inputs(inputs, augmented=self.config.augment)
 
     # -- the outer loop (custom loop) -----------------------------------------
     def train(self, inner: InnerLoop, iterator) -> None:
@@ -164,6 +180,7 @@ class Controller:
         with self.eval_writer.as_default(step=step):
             tf.summary.scalar("loss", result["test_loss"])
             tf.summary.scalar("accuracy", result["test_accuracy"])
+            summaries.write_evaluation(self.evaluator.details)
         self.history["train_loss"].append(float(logs["loss"]))
         self.history["train_accuracy"].append(float(logs["accuracy"]))
         self.history["test_loss"].append(result["test_loss"])
@@ -185,8 +202,10 @@ class Controller:
         self.close()
         if self.step == self.start_step or not self.result:
             self.evaluate()  # nothing left to train: still report the test metrics
-        self.train_writer.flush()
-        self.eval_writer.flush()
+        with self.run_writer.as_default(step=self.step):
+            summaries.write_test_metrics(self.result)
+        for writer in (self.train_writer, self.eval_writer, self.run_writer):
+            writer.flush()
         return {"train_steps": int(self.optimizer.iterations.numpy()),
                 "resumed_from_step": self.start_step, **self.result,
                 "history": self.history}

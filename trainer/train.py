@@ -29,7 +29,7 @@ import mnist_contract as contract
 from mnist_contract import join_path
 from trainer import checks, controller as controller_lib, custom_loop, data, export
 from trainer import keras_loop
-from trainer import model as model_lib, outputs, strategy as strategy_lib
+from trainer import model as model_lib, outputs, strategy as strategy_lib, summaries
 from trainer.evaluator import Evaluator
 from trainer.config import TrainConfig
 from trainer.errors import TrainerError, summarize_error
@@ -149,6 +149,7 @@ def _run(config: TrainConfig, strategy: tf.distribute.Strategy, train_files: dat
     outputs.log_write_dirs(config.model_dir, strategy)
     try:
         controller.restore()
+        controller.log_start(summaries.train_preview(config, model, train_files))
         if config.loop == "keras":
             keras_loop.train(config, strategy, model, controller, train_files, callbacks)
         else:
