@@ -95,6 +95,7 @@ def test_both_loops_write_the_same_summaries_and_checkpoints(trainer_dataset, tm
                       | {("train", "inputs", 0)}
                       | {("validation", tag, step) for tag in ("loss", "accuracy",
                                                                "confusion_matrix",
+                                                               "confusion_counts",
                                                                "misclassified")
                          for step in (8, 16)}
                       | {(".", "_hparams_/experiment", 0), (".", "_hparams_/session_start_info", 0),

@@ -7,11 +7,13 @@ each evaluation and at the end):
   the model's first layer receives them: with ``--augment``, after a copy
   of the model's augmentation layer (its own seed, so the training stream of
   random numbers is untouched), else as read.
-* ``logs/validation`` ``confusion_matrix`` (rows: true class, columns:
-  predicted; each cell shaded by its share of the row and labelled with its
-  count) and ``misclassified`` (the pass's first misclassified test digits,
-  each captioned ``P<predicted> T<true>``), after each evaluation. Each
-  summary's description holds the numbers as a table.
+* ``logs/validation``, after each evaluation: ``confusion_matrix`` (rows:
+  true class, columns: predicted; each cell shaded by its share of the row
+  and labelled with its count), ``confusion_counts`` (the same counts as an
+  int64 tensor, for programs reading the event files) and ``misclassified``
+  (the pass's first misclassified test digits, each captioned
+  ``P<predicted> T<true>``; left out when there are none). Descriptions
+  are fixed text: TensorBoard shows a tag's first one at every step.
 * ``logs`` (the run's root): the config through TensorBoard's HParams
   plugin at start, and ``test_accuracy`` and ``test_loss`` at the end, the
   metrics the HParams dashboard lists for each run, so runs in one
@@ -42,6 +44,7 @@ from trainer.eval_metrics import EvalDetails
 PREVIEW_IMAGES = 64
 PREVIEW_SEED = 1
 GRID_COLUMNS = 8
+MISCLASSIFIED_COLUMNS = 5
 TEST_METRICS = ("test_accuracy", "test_loss")
 
 # 3x5 glyphs, one string per row ("#": ink).
@@ -132,40 +135,24 @@ def confusion_image(matrix: np.ndarray) -> np.ndarray:
     return image
 
 
-def markdown_table(header: Sequence, rows: Sequence[Sequence]) -> str:
-    """A Markdown table (TensorBoard renders summary descriptions as Markdown)."""
-    lines = [header, ["---"] * len(header), *rows]
-    return "\n".join("| " + " | ".join(map(str, line)) + " |" for line in lines)
-
-
-def confusion_description(matrix: np.ndarray) -> str:
-    k = matrix.shape[0]
-    table = markdown_table(["true \\ predicted", *range(k)],
-                           [[r, *matrix[r].tolist()] for r in range(k)])
-    return (f"Test examples by true class (rows) and predicted class (columns); "
-            f"{int(matrix.sum())} in all.\n\n{table}")
-
-
-def misclassified_description(details: EvalDetails) -> str:
-    table = markdown_table(["index", "predicted", "true"],
-                           zip(details.indices.tolist(), details.predicted.tolist(),
-                               details.labels.tolist()))
-    return (f"The first {len(details.indices)} misclassified test digits of the pass "
-            f"(P: predicted, T: true; `index`: the example's index).\n\n{table}")
-
-
 def _png_summary(tag: str, image: np.ndarray, description: str) -> None:
     tf.summary.image(tag, image[None], max_outputs=1, description=description)
 
 
 def write_evaluation(details: EvalDetails) -> None:
-    """The confusion matrix and misclassified digits, to the default writer and step."""
+    """The confusion matrix (image and counts) and the misclassified digits
+    (when there are any), to the default writer and step."""
     _png_summary("confusion_matrix", confusion_image(details.confusion),
-                 confusion_description(details.confusion))
+                 "Test examples by true class (rows, green) and predicted class "
+                 "(columns, red); cells shaded by their share of the row.")
+    tf.summary.write("confusion_counts", tf.constant(details.confusion, tf.int64),
+                     metadata=tf.compat.v1.SummaryMetadata(summary_description=(
+                         "The confusion matrix's counts: [true class, predicted class].")))
     if len(details.indices):
         tiles = captioned(details.images, details.predicted, details.labels)
-        _png_summary("misclassified", image_grid(tiles, 5),
-                     misclassified_description(details))
+        _png_summary("misclassified", image_grid(tiles, MISCLASSIFIED_COLUMNS),
+                     "The pass's first misclassified test digits, each captioned "
+                     "P<predicted> (red) T<true> (green).")
 
 
 def write_inputs(images: np.ndarray, augmented: bool) -> None:
