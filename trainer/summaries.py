@@ -55,7 +55,6 @@ _FONT = {
     "6": ("###", "#..", "###", "#.#", "###"), "7": ("###", "..#", "..#", "..#", "..#"),
     "8": ("###", "#.#", "###", "#.#", "###"), "9": ("###", "#.#", "###", "..#", "###"),
     "P": ("###", "#.#", "###", "#..", "#.."), "T": ("###", ".#.", ".#.", ".#.", ".#."),
-    " ": ("...",) * 5,
 }
 _SCALE = 2  # font and digit pixels per image pixel in the labelled images
 _GAP = 2
@@ -117,7 +116,7 @@ def confusion_image(matrix: np.ndarray) -> np.ndarray:
     k = matrix.shape[0]
     char = 4 * _SCALE
     width = (len(str(max(int(matrix.max()), 0))) + 1) * char
-    height = 5 * _SCALE + 2 * char // 2
+    height = 5 * _SCALE + char  # the text, half a character above and below
     image = np.zeros(((k + 1) * height, (k + 1) * width, 3), np.uint8)
     image[:] = _BACKGROUND
     totals = np.maximum(matrix.sum(axis=1, keepdims=True), 1)
@@ -198,8 +197,14 @@ def train_preview(config: TrainConfig, model: keras.Model,
     the training stream is not consumed; with ``--augment`` the batch goes
     through a copy of the model's `RandomAffine` (same settings, its own
     `PREVIEW_SEED`), so the training layer's random numbers are not either.
+    It reads the split's first file only, one that the chief's own input
+    pipeline reads too (`trainer.data.pipeline_files`): the preview the chief
+    writes shows its own data, and each worker opens one file for it, not
+    the whole split.
     """
-    ds = data.train_dataset(split, PREVIEW_IMAGES, tf.distribute.InputContext(),
+    first = dataclasses.replace(split, files=split.files[:1], counts=split.counts[:1],
+                                sizes=split.sizes[:1], sha256s=split.sha256s[:1])
+    ds = data.train_dataset(first, PREVIEW_IMAGES, tf.distribute.InputContext(),
                             shuffle_buffer=PREVIEW_IMAGES, seed=config.seed)
     with tf.device("CPU:0"):
         images = next(iter(ds))[contract.IMAGE_KEY]
