@@ -55,10 +55,13 @@ def test_in_process_run_prints_final_metrics(trainer_dataset, tmp_path, loop, ex
 
 
 def summary_points(logs_dir: str) -> set[tuple[str, str, int]]:
-    """(run, tag, step) of every scalar in the TensorBoard event files under logs_dir."""
+    """(run, tag, step) of every summary in the TensorBoard event files under
+    logs_dir (run "." for logs_dir itself, the run's root)."""
     import tensorflow as tf
     points = set()
-    for run in sorted(os.listdir(logs_dir)):
+    for run in [".", *sorted(os.listdir(logs_dir))]:
+        if not os.path.isdir(os.path.join(logs_dir, run)):
+            continue
         for name in os.listdir(os.path.join(logs_dir, run)):
             if not name.startswith("events.out.tfevents."):
                 continue
@@ -91,8 +94,14 @@ def test_both_loops_write_the_same_summaries_and_checkpoints(trainer_dataset, tm
     assert points == ({("train", tag, step) for tag in ("loss", "accuracy",
                                                          "examples_per_second")
                        for step in (4, 8, 12, 16)}
-                      | {("validation", tag, step) for tag in ("loss", "accuracy")
-                         for step in (8, 16)})
+                      | {("train", "inputs", 0)}
+                      | {("validation", tag, step) for tag in ("loss", "accuracy",
+                                                               "confusion_matrix",
+                                                               "confusion_counts",
+                                                               "misclassified")
+                         for step in (8, 16)}
+                      | {(".", "_hparams_/experiment", 0), (".", "_hparams_/session_start_info", 0),
+                         (".", "test_accuracy", 16), (".", "test_loss", 16)})
     assert [c for c in checkpoints if c.endswith(".index")] == ["ckpt-16.index",
                                                                  "ckpt-8.index"]
     assert top == ["checkpoints", "dataset.json", "export", "logs", "metrics.json"]  # no backup/

@@ -10,7 +10,8 @@ import pytest
 import tensorflow as tf
 
 from tests import trainer_data
-from trainer import controller as controller_lib, custom_loop, data, model as model_lib
+from trainer import controller as controller_lib, custom_loop, data, eval_metrics
+from trainer import model as model_lib
 from trainer.config import TrainConfig
 
 
@@ -59,10 +60,18 @@ def test_controller_runs_the_inner_loop_from_boundary_to_boundary(tmp_path, caps
     model, optimizer = model_lib.build(config, strategy, total_steps=16)
     evaluations = []
 
-    def evaluator():
-        evaluations.append(int(optimizer.iterations.numpy()))
-        return {"test_loss": 0.25, "test_accuracy": 0.875, "test_examples": 7}
+    class Evaluator:
+        # Seven test digits, all right: a confusion matrix and no misclassified.
+        details = eval_metrics.EvalDetails(
+            confusion=np.diag([7] + [0] * 9), images=np.zeros((0, 28, 28, 1), np.float32),
+            predicted=np.zeros(0, np.int64), labels=np.zeros(0, np.int64),
+            indices=np.zeros(0, np.int64))
 
+        def __call__(self):
+            evaluations.append(int(optimizer.iterations.numpy()))
+            return {"test_loss": 0.25, "test_accuracy": 0.875, "test_examples": 7}
+
+    evaluator = Evaluator()
     controller = controller_lib.Controller(config, strategy, model, optimizer, 8,
                                            evaluator, print_steps=True)
     controller.restore()

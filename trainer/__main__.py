@@ -7,20 +7,18 @@ failures (`TrainerError`) end with one line on stderr and exit status 1,
 no traceback.
 
 TensorFlow's C++ start-up chatter is hidden unless ``TF_CPP_MIN_LOG_LEVEL``
-is set: the level defaults to 2 (errors only), which must happen before
-TensorFlow is imported, hence here, first. Some lines ignore the level
-(TF 2.21 logs its oneDNN and CUDA-stub notes before absl's logging is set
-up, and a CUDA build reports a failed ``cuInit`` as an error on a machine
-without a GPU), so `_quiet_tensorflow_start` also points file descriptor 2
-at /dev/null while TensorFlow loads and looks for devices.
+is set (`trainer.quiet`): the level's default must be set before TensorFlow
+is imported, hence here, first; `_quiet_tensorflow_start` then imports
+TensorFlow with file descriptor 2 muted.
 """
 
 from __future__ import annotations
 
 import os
 
-_USER_LOG_LEVEL = os.environ.get("TF_CPP_MIN_LOG_LEVEL")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from trainer import quiet  # imports no TensorFlow
+
+_HIDE_LOGS = quiet.hide_tensorflow_logs()
 
 import logging  # noqa: E402
 import sys  # noqa: E402
@@ -41,25 +39,18 @@ def _quiet_tensorflow_start(config: TrainConfig) -> None:
     after fd 2 is restored). Skipped when the user set ``TF_CPP_MIN_LOG_LEVEL``,
     asking for the logs.
     """
-    if _USER_LOG_LEVEL is not None or "tensorflow" in sys.modules:
+    if not _HIDE_LOGS or "tensorflow" in sys.modules:
         return
     local = config.strategy in ("mirrored", "default") or (
         config.strategy == "auto" and not config.tpu and not os.environ.get("TPU_NAME")
         and not os.environ.get("TF_CONFIG"))
-    sys.stderr.flush()
-    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)
-    try:
+    with quiet.muted_stderr():
         import tensorflow as tf
         from trainer import strategy as strategy_lib
         if config.cpu_replicas:
             strategy_lib.split_cpu(config.cpu_replicas)
         elif local and not strategy_lib.tpu_hinted(None):
             tf.config.list_physical_devices()
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
 
 
 def _on_tpu(flags: TrainConfig) -> bool:

@@ -6,7 +6,10 @@ for both loops: the controller restores the newest checkpoint that restores
 (`trainer.checkpoints`; its settings checked by `trainer.resume`), and decides
 when to log (TensorBoard ``logs/train``: ``loss``, ``accuracy``,
 ``examples_per_second`` every ``log_every`` steps and at epoch ends;
-``logs/validation``: ``loss``, ``accuracy`` per epoch), checkpoint
+``logs/validation``: ``loss``, ``accuracy`` per epoch; and the images and
+settings of `trainer.summaries`: the input digits and the config at start,
+the confusion matrix and misclassified digits per epoch, the final test
+metrics at the end), checkpoint
 (``checkpoints/ckpt-<step>`` through ``tf.train.CheckpointManager``, at
 epoch ends and every ``checkpoint_every`` steps), evaluate (epoch ends,
 with a `trainer.evaluator.Evaluator`) and profile (``--profile_steps``).
@@ -33,12 +36,14 @@ import logging
 import time
 from typing import Callable, Mapping, Protocol
 
+import numpy as np
+
 import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 import tf_keras as keras
 
 from mnist_contract import join_path
-from trainer import checkpoints, outputs, resume
+from trainer import checkpoints, outputs, resume, summaries
 from trainer.config import TrainConfig
 from trainer.evaluator import Evaluator
 
@@ -85,6 +90,8 @@ class Controller:
         self.logs_dir = logs
         self.train_writer = tf.summary.create_file_writer(join_path(logs, "train"))
         self.eval_writer = tf.summary.create_file_writer(join_path(logs, "validation"))
+        # The run's root: its HParams record and final test metrics.
+        self.run_writer = tf.summary.create_file_writer(logs)
         self.history: dict[str, list[float]] = {k: [] for k in HISTORY_KEYS}
         self.step = self.start_step = 0
         self.result: dict = {}
@@ -128,6 +135,15 @@ class Controller:
         self.checkpoint = self._new_checkpoint()
         self.checkpoint.restore(prefix).assert_existing_objects_matched()
         self.history = {k: list(saved.get("history", {}).get(k, [])) for k in HISTORY_KEYS}
+
+    def log_start(self, inputs: np.ndarray) -> None:
+        """The run's settings (HParams) and a batch of its input digits
+        (`trainer.summaries.train_preview`), at the step training starts from."""
+        with self.run_writer.as_default(step=self.step):
+            summaries.write_hparams(summaries.hparams_values(self.config,
+                                                             self.steps_per_epoch))
+        with self.train_writer.as_default(step=self.step):
+            summaries.write_inputs(inputs, augmented=self.config.augment)
 
     # -- the outer loop (custom loop) -----------------------------------------
     def train(self, inner: InnerLoop, iterator) -> None:
@@ -177,6 +193,7 @@ class Controller:
         with self.eval_writer.as_default(step=step):
             tf.summary.scalar("loss", result["test_loss"])
             tf.summary.scalar("accuracy", result["test_accuracy"])
+            summaries.write_evaluation(self.evaluator.details)
         self.history["train_loss"].append(float(logs["loss"]))
         self.history["train_accuracy"].append(float(logs["accuracy"]))
         self.history["test_loss"].append(result["test_loss"])
@@ -202,8 +219,10 @@ class Controller:
         self.close()
         if self.step == self.start_step or not self.result:
             self.evaluate()  # nothing left to train: still report the test metrics
-        self.train_writer.flush()
-        self.eval_writer.flush()
+        with self.run_writer.as_default(step=self.step):
+            summaries.write_test_metrics(self.result)
+        for writer in (self.train_writer, self.eval_writer, self.run_writer):
+            writer.flush()
         return {"train_steps": int(self.optimizer.iterations.numpy()),
                 "resumed_from_step": self.start_step, **self.result,
                 "history": self.history}

@@ -5,16 +5,24 @@ so ``test_loss`` means one thing in both loops: the mean cross-entropy over
 the real test examples (no L2 term, padding excluded); and
 ``test_examples`` is counted (the sum of the weights), not computed, so a
 pass that read more or fewer examples than the manifest lists fails.
+
+The same pass also fills the confusion matrix and keeps the first
+misclassified digits (`trainer.eval_metrics`); `Evaluator.details` holds
+the last pass's, for TensorBoard.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 import tf_keras as keras
 
 import mnist_contract as contract
-from trainer import checks, data
+from trainer import checks, data, eval_metrics
+
+MISCLASSIFIED_KEPT = 25  # misclassified test digits kept per pass (and per replica)
 
 
 class Evaluator:
@@ -31,15 +39,23 @@ class Evaluator:
                 "xent": keras.metrics.SparseCategoricalCrossentropy(from_logits=True),
             }
             self.count = keras.metrics.Sum()
+            self.confusion = eval_metrics.ConfusionMatrix()
+            self.misclassified = eval_metrics.Misclassified(
+                MISCLASSIFIED_KEPT, strategy.num_replicas_in_sync)
+        self.details: eval_metrics.EvalDetails | None = None
         # One iterator for the run: the stream repeats in whole passes.
         self.iterator = iter(dataset)
 
     def _step(self, batch):
         logits = self.model(batch[contract.IMAGE_KEY], training=False)
-        weights = batch[data.WEIGHT_KEY]
+        weights, labels = batch[data.WEIGHT_KEY], batch[contract.LABEL_KEY]
         for metric in self.metrics.values():
-            metric.update_state(batch[contract.LABEL_KEY], logits, sample_weight=weights)
+            metric.update_state(labels, logits, sample_weight=weights)
         self.count.update_state(weights)
+        predictions = tf.argmax(logits, axis=-1, output_type=labels.dtype)
+        self.confusion.update_state(labels, predictions, sample_weight=weights)
+        self.misclassified.update_state(batch[contract.IMAGE_KEY], labels, predictions,
+                                        batch[contract.INDEX_KEY], weights)
 
     @tf.function
     def _run(self, iterator, steps):
@@ -47,11 +63,15 @@ class Evaluator:
             self.strategy.run(self._step, args=(next(iterator),))
 
     def __call__(self) -> dict:
-        for metric in (*self.metrics.values(), self.count):
+        for metric in (*self.metrics.values(), self.count, self.confusion,
+                       self.misclassified):
             metric.reset_state()
         self._run(self.iterator, tf.constant(self.steps))
         counted = int(round(float(self.count.result())))
         checks.check_eval_count(counted, self.expected_examples, self.origin)
+        self.details = eval_metrics.EvalDetails(
+            confusion=np.rint(self.confusion.result().numpy()).astype(np.int64),
+            **self.misclassified.read(MISCLASSIFIED_KEPT))
         return {"test_loss": float(self.metrics["xent"].result()),
                 "test_accuracy": float(self.metrics["accuracy"].result()),
                 "test_examples": counted}

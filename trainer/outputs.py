@@ -9,7 +9,8 @@ the other workers write to a private temporary directory under
 Layout::
 
     model_dir/checkpoints/   ckpt-<step>: model, optimizer, history (both loops)
-    model_dir/logs/          TensorBoard event files (train/, validation/,
+    model_dir/logs/          TensorBoard event files (the run's own: config and
+                             test metrics; train/, validation/,
                              plugins/profile/ with --profile_steps)
     model_dir/export/        the trained model (SavedModel)
     model_dir/metrics.json   the final metrics returned by train_and_evaluate

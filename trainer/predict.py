@@ -13,6 +13,8 @@ uint8 pixels in, ``probabilities`` and ``class`` out.
   line per example (``index=12 label=7 class=7 probability=0.9991``), then
   ``accuracy=0.9870 (987/1000) on split test``.
 
+As the trainer's, the command prints only its own lines: TensorFlow's C++
+logs stay hidden unless ``TF_CPP_MIN_LOG_LEVEL`` is set (`trainer.quiet`).
 Every path goes through ``tf.io.gfile``. Bad input (no export, a file that
 is not a 28x28 PNG, no manifest, an unknown split) ends with one line
 ``error: FILE: problem`` and exit status 1; lines already printed stay.
@@ -25,13 +27,18 @@ import sys
 from typing import Iterator, Optional, Sequence
 
 import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
-import numpy as np
-import tensorflow as tf
+from trainer import quiet
 
-import mnist_contract as contract
-from trainer import data, outputs
-from trainer.errors import TrainerError, summarize_error
-from trainer.export import SIGNATURE_INPUT
+if __name__ == "__main__":  # the command, not an import: before TensorFlow loads
+    quiet.start_local_tensorflow()
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import mnist_contract as contract  # noqa: E402
+from trainer import data, outputs  # noqa: E402
+from trainer.errors import TrainerError, summarize_error  # noqa: E402
+from trainer.export import SIGNATURE_INPUT  # noqa: E402
 
 BATCH = 256
 

@@ -31,7 +31,7 @@ from mnist_contract import join_path
 from trainer import checkpoints, checks, controller as controller_lib, custom_loop, data
 from trainer import dataset_pin, export, run_lock
 from trainer import keras_loop
-from trainer import model as model_lib, outputs, strategy as strategy_lib
+from trainer import model as model_lib, outputs, strategy as strategy_lib, summaries
 from trainer.evaluator import Evaluator
 from trainer.config import TrainConfig
 from trainer.errors import TrainerError, summarize_error
@@ -215,6 +215,7 @@ def _run(run: _Run, callbacks: Sequence) -> dict:
     outputs.log_write_dirs(config.model_dir, strategy)
     try:
         controller.restore()
+        controller.log_start(summaries.train_preview(config, model, train_files))
         if config.loop == "keras":
             keras_loop.train(config, strategy, model, controller, train_files, callbacks)
         else:
