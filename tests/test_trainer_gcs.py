@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 RUN_SECONDS = 120  # any one command; the server's handler errors stop it sooner
 STEPS_PER_EPOCH = 10
 # Small and quick: the data path is under test here, not learning.
-TRAIN_FLAGS = [f"--steps_per_epoch={STEPS_PER_EPOCH}", "--global_batch_size=32",
+TRAIN_FLAGS = ["--preset=smoke", f"--steps_per_epoch={STEPS_PER_EPOCH}", "--global_batch_size=32",
                "--steps_per_execution=5", "--log_every=5", "--verbose=0", "--seed=0"]
 LOOPS = {"keras": [], "custom": ["--cpu_replicas=2"]}
 

@@ -114,7 +114,8 @@ def test_sigkill_then_restart_resumes_and_matches_an_uninterrupted_run(
     assert metrics["resumed_from_step"] == step
     assert metrics["train_steps"] == TOTAL_STEPS
     assert metrics["test_examples"] == 40
-    assert sorted(os.listdir(model_dir)) == ["checkpoints", "export", "logs", "metrics.json"]
+    assert sorted(os.listdir(model_dir)) == ["checkpoints", "dataset.json", "export", "logs",
+                                          "metrics.json"]
 
     finish(reference)
     expected = trainer_data.read_metrics(reference_dir)
