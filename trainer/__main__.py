@@ -3,7 +3,8 @@
 A thin entry point: flags → `TrainConfig` (`trainer.config.parse_flags`),
 `trainer.train.train_and_evaluate`, one line of final metrics. Expected
 failures (`TrainerError`) end with one line on stderr and exit status 1,
-no traceback.
+no traceback. A stop on SIGTERM or SIGINT (`trainer.preemption`) ends with
+one line and exit status 143 or 130; so does Ctrl-C outside training.
 
 TensorFlow's C++ start-up chatter is hidden unless ``TF_CPP_MIN_LOG_LEVEL``
 is set: the level defaults to 2 (errors only), which must happen before
@@ -22,12 +23,14 @@ _USER_LOG_LEVEL = os.environ.get("TF_CPP_MIN_LOG_LEVEL")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import logging  # noqa: E402
+import signal  # noqa: E402
 import sys  # noqa: E402
 from typing import Optional, Sequence  # noqa: E402
 
 import trainer  # noqa: E402,F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 from trainer.config import TrainConfig, parse_flags  # noqa: E402
 from trainer.errors import TrainerError  # noqa: E402
+from trainer.preemption import EXIT_STATUS, Stopped  # noqa: E402
 
 
 def _quiet_tensorflow_start(config: TrainConfig) -> None:
@@ -73,6 +76,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except TrainerError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except Stopped as e:
+        print(e, file=sys.stderr)
+        return e.exit_status
+    except KeyboardInterrupt:  # Ctrl-C before or after the steps: nothing to save
+        print("interrupted (SIGINT) outside the training steps; a rerun resumes from "
+              "the last checkpoint, if any", file=sys.stderr)
+        return EXIT_STATUS[signal.SIGINT]
     print(f"test_loss={metrics['test_loss']:.4f} "
           f"test_accuracy={metrics['test_accuracy']:.4f} "
           f"test_examples={metrics['test_examples']} "

@@ -39,6 +39,7 @@ from trainer import outputs
 from trainer.config import TrainConfig
 from trainer.evaluator import Evaluator
 from trainer.errors import TrainerError, summarize_error
+from trainer.preemption import StopSignals, Stopped
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +67,10 @@ class Controller:
 
     def __init__(self, config: TrainConfig, strategy: tf.distribute.Strategy,
                  model: keras.Model, optimizer, steps_per_epoch: int,
-                 evaluator: Evaluator, *, print_steps: bool):
+                 evaluator: Evaluator, *, print_steps: bool,
+                 signals: StopSignals | None = None):
         self.config, self.strategy, self.evaluator = config, strategy, evaluator
+        self.signals = signals
         self.steps_per_epoch = steps_per_epoch
         self.total_steps = config.epochs * steps_per_epoch
         self.print_steps = print_steps
@@ -131,10 +134,14 @@ class Controller:
     # -- decisions -------------------------------------------------------------
     def next_stop(self, step: int) -> int:
         """The furthest step one inner-loop call may run to: the next log,
-        checkpoint, profiler or epoch boundary."""
+        checkpoint, profiler or epoch boundary, and, while stop signals are
+        watched, the end of one ``steps_per_execution`` call (where a stop
+        request is seen)."""
         c = self.config
         stop = min(self.total_steps, (step // self.steps_per_epoch + 1) * self.steps_per_epoch,
                    (step // c.log_every + 1) * c.log_every)
+        if self.signals is not None:
+            stop = min(stop, step + c.steps_per_execution)
         if c.checkpoint_every:
             stop = min(stop, (step // c.checkpoint_every + 1) * c.checkpoint_every)
         for boundary in self._profile_boundaries():
@@ -152,6 +159,8 @@ class Controller:
         if _crossed(before, step, self.config.checkpoint_every) and not epoch_end:
             self._save()
         self._profile(step)
+        if not epoch_end:  # end_epoch stops after it has evaluated and saved
+            self.stop_if_asked()
 
     def end_epoch(self, step: int, logs: Mapping) -> None:
         """Evaluates, records the epoch, checkpoints."""
@@ -169,13 +178,27 @@ class Controller:
         self.history["test_loss"].append(result["test_loss"])
         self.history["test_accuracy"].append(result["test_accuracy"])
         self._save()
+        self.stop_if_asked()
 
+    def stop_if_asked(self) -> None:
+        """On a stop signal: saves this step (unless saved) and raises `Stopped`."""
+        if self.signals is None or self.signals.received is None:
+            return
+        if self.manager.latest_checkpoint != self._checkpoint_path():
+            self._save()
+        raise Stopped(self.signals.received,
+                      f"{self.signals.name} received: stopped at step "
+                      f"{self.step}/{self.total_steps}, saved {self._checkpoint_path()}; "
+                      "rerun the same command to resume")
     def evaluate(self) -> dict:
         self.result = self.evaluator()
         return self.result
 
     def close(self) -> None:
-        """Stops a running profile (also after a failure: one profiler per process)."""
+        """Stops a running profile (also after a failure: one profiler per process)
+        and gives the stop signals back their earlier handlers."""
+        if self.signals is not None:
+            self.signals.release()
         if self._profiling:
             tf.profiler.experimental.stop()
             self._profiling = False
@@ -212,6 +235,9 @@ class Controller:
         self.state.assign(json.dumps({"model": self.config.model,
                                       "history": self.history}))
         self.manager.save(checkpoint_number=self.step)
+
+    def _checkpoint_path(self) -> str:
+        return join_path(self.manager.directory, f"ckpt-{self.step}")
 
     def _profile_boundaries(self) -> tuple[int, ...]:
         if self.config.profile_steps is None:

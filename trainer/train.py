@@ -29,7 +29,7 @@ import mnist_contract as contract
 from mnist_contract import join_path
 from trainer import checks, controller as controller_lib, custom_loop, data, export
 from trainer import keras_loop
-from trainer import model as model_lib, outputs, strategy as strategy_lib
+from trainer import model as model_lib, outputs, preemption, strategy as strategy_lib
 from trainer.evaluator import Evaluator
 from trainer.config import TrainConfig
 from trainer.errors import TrainerError, summarize_error
@@ -143,11 +143,17 @@ def _run(config: TrainConfig, strategy: tf.distribute.Strategy, train_files: dat
     evaluator = Evaluator(
         strategy, model, test_ds, eval_steps, expected_examples=test_files.num_examples,
         origin=join_path(config.data, contract.MANIFEST_FILE))
+    # Multi-worker: no stop requests (see trainer.preemption).
+    signals = (None if strategy_lib.is_multi_worker(strategy)
+               else preemption.StopSignals())
     controller = controller_lib.Controller(
         config, strategy, model, optimizer, steps_per_epoch, evaluator,
-        print_steps=config.loop == "custom")  # Keras prints its own progress
+        print_steps=config.loop == "custom",  # Keras prints its own progress
+        signals=signals)
     outputs.log_write_dirs(config.model_dir, strategy)
     try:
+        if signals is not None:
+            signals.watch()  # until controller.close()
         controller.restore()
         if config.loop == "keras":
             keras_loop.train(config, strategy, model, controller, train_files, callbacks)
