@@ -38,7 +38,7 @@ from mnist_contract import join_path
 from trainer import outputs
 from trainer.config import TrainConfig
 from trainer.evaluator import Evaluator
-from trainer.errors import TrainerError, summarize_error
+from trainer.errors import TrainerError, os_reason, summarize_error
 from trainer.preemption import StopSignals, Stopped
 
 log = logging.getLogger(__name__)
@@ -84,8 +84,12 @@ class Controller:
             max_to_keep=config.keep_checkpoints, step_counter=optimizer.iterations)
         logs = outputs.write_dir(config.model_dir, outputs.LOGS, strategy)
         self.logs_dir = logs
-        self.train_writer = tf.summary.create_file_writer(join_path(logs, "train"))
-        self.eval_writer = tf.summary.create_file_writer(join_path(logs, "validation"))
+        try:
+            self.train_writer = tf.summary.create_file_writer(join_path(logs, "train"))
+            self.eval_writer = tf.summary.create_file_writer(join_path(logs, "validation"))
+        except tf.errors.OpError as e:
+            raise TrainerError(f"{logs}: cannot write the TensorBoard logs of --model_dir "
+                               f"({os_reason(e)})") from None
         self.history: dict[str, list[float]] = {k: [] for k in HISTORY_KEYS}
         self.step = self.start_step = 0
         self.result: dict = {}
@@ -234,7 +238,18 @@ class Controller:
     def _save(self) -> None:
         self.state.assign(json.dumps({"model": self.config.model,
                                       "history": self.history}))
-        self.manager.save(checkpoint_number=self.step)
+        try:
+            self.manager.save(checkpoint_number=self.step)
+        except tf.errors.OpError as e:
+            raise self._save_error(e) from None
+
+    def _save_error(self, error: tf.errors.OpError) -> TrainerError:
+        """Removes the half-written checkpoint (``ckpt-N_temp``, or names it if
+        that fails too) and names the checkpoint a rerun resumes from."""
+        left = outputs.discard_partial(self._checkpoint_path() + "_temp")
+        resume = tf.train.latest_checkpoint(self.manager.directory) or "step 0"
+        return TrainerError(f"{self._checkpoint_path()}: cannot save the checkpoint "
+                            f"({os_reason(error)}); a rerun resumes from {resume}{left}")
 
     def _checkpoint_path(self) -> str:
         return join_path(self.manager.directory, f"ckpt-{self.step}")

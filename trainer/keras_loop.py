@@ -87,9 +87,11 @@ def _log_checkpoint_cadence(config: TrainConfig, steps_per_epoch: int) -> None:
     exact = checkpoint_steps(steps_per_epoch, 1, every)
     if keras_steps != exact:
         log.info("Keras checkpoints after the --steps_per_execution=%d-step call that "
-                 "crosses each multiple of --checkpoint_every=%d: steps %s, ... "
-                 "(the custom loop: %s, ...)", per_call, every,
-                 ", ".join(map(str, keras_steps)), ", ".join(map(str, exact)))
+                 "crosses each multiple of --checkpoint_every=%d: %s (the custom "
+                 "loop: steps %s, ...)", per_call, every,
+                 f"steps {', '.join(map(str, keras_steps))}, ..." if keras_steps
+                 else "at epoch ends only",
+                 ", ".join(map(str, exact)))
 
 
 def train(config: TrainConfig, strategy: tf.distribute.Strategy, model: keras.Model,

@@ -65,3 +65,14 @@ def write_metrics(model_dir: str, metrics: dict, strategy: tf.distribute.Strateg
         with tf.io.gfile.GFile(join_path(model_dir, METRICS), "w") as f:
             f.write(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
 
+
+
+def discard_partial(path: str) -> str:
+    """Removes what a failed save left at ``path``; "" when gone, else the
+    clause that names it (``; remove the partial PATH``) for the error line."""
+    try:
+        if tf.io.gfile.exists(path):
+            tf.io.gfile.rmtree(path)
+        return ""
+    except tf.errors.OpError:
+        return f"; remove the partial {path}"
