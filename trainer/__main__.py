@@ -6,21 +6,19 @@ failures (`TrainerError`) end with one line on stderr and exit status 1,
 no traceback. A stop on SIGTERM or SIGINT (`trainer.preemption`) ends with
 one line and exit status 143 or 130; so does Ctrl-C outside training.
 
-TensorFlow's C++ start-up chatter is hidden unless ``TF_CPP_MIN_LOG_LEVEL``
-is set: the level defaults to 2 (errors only), which must happen before
-TensorFlow is imported, hence here, first. Some lines ignore the level
-(TF 2.21 logs its oneDNN and CUDA-stub notes before absl's logging is set
-up, and a CUDA build reports a failed ``cuInit`` as an error on a machine
-without a GPU), so `_quiet_tensorflow_start` also points file descriptor 2
-at /dev/null while TensorFlow loads and looks for devices.
+TensorFlow's C++ start-up lines are hidden (`trainer.quiet`); the level
+``TF_CPP_MIN_LOG_LEVEL`` (default 2, errors only) decides what TensorFlow
+logs after that. The default must be set before TensorFlow is imported,
+hence here, first.
 """
 
 from __future__ import annotations
 
 import os
 
-_USER_LOG_LEVEL = os.environ.get("TF_CPP_MIN_LOG_LEVEL")
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from trainer import quiet
+
+quiet.default_log_level()
 
 import logging  # noqa: E402
 import signal  # noqa: E402
@@ -39,29 +37,20 @@ def _quiet_tensorflow_start(config: TrainConfig) -> None:
     Finding the devices starts TensorFlow's runtime, after which a CPU split
     (``--cpu_replicas``, made here first), a multi-worker strategy or a TPU
     connection can no longer be set up; so runs that may need one of those
-    only import TensorFlow here. Python exceptions are unaffected (they print
-    after fd 2 is restored). Skipped when the user set ``TF_CPP_MIN_LOG_LEVEL``,
-    asking for the logs.
+    only import TensorFlow here.
     """
-    if _USER_LOG_LEVEL is not None or "tensorflow" in sys.modules:
+    if "tensorflow" in sys.modules:
         return
     local = config.strategy in ("mirrored", "default") or (
         config.strategy == "auto" and not config.tpu and not os.environ.get("TPU_NAME")
         and not os.environ.get("TF_CONFIG"))
-    sys.stderr.flush()
-    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)
-    try:
+    with quiet.muted_stderr():
         import tensorflow as tf
         from trainer import strategy as strategy_lib
         if config.cpu_replicas:
             strategy_lib.split_cpu(config.cpu_replicas)
         elif local and not strategy_lib.tpu_hinted(None):
             tf.config.list_physical_devices()
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

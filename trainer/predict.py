@@ -25,13 +25,17 @@ import sys
 from typing import Iterator, Optional, Sequence
 
 import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
-import numpy as np
-import tensorflow as tf
+from trainer import quiet
 
-import mnist_contract as contract
-from trainer import data, outputs
-from trainer.errors import TrainerError, summarize_error
-from trainer.export import SIGNATURE_INPUT
+quiet.import_tensorflow()  # TF's start-up lines hidden, before TF loads below
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import mnist_contract as contract  # noqa: E402
+from trainer import data, outputs  # noqa: E402
+from trainer.errors import TrainerError, summarize_error  # noqa: E402
+from trainer.export import SIGNATURE_INPUT  # noqa: E402
 
 BATCH = 256
 
@@ -72,8 +76,9 @@ def read_png(path: str) -> np.ndarray:
     except tf.errors.OpError as e:
         raise TrainerError(f"{path}: cannot decode the PNG ({summarize_error(e)})") from None
     if image.shape != contract.IMAGE_SHAPE:
-        raise TrainerError(f"{path}: image is {image.shape[1]}x{image.shape[0]}, "
-                           f"expected {contract.IMAGE_SHAPE[1]}x{contract.IMAGE_SHAPE[0]}")
+        raise TrainerError(f"{path}: image is {image.shape[0]}x{image.shape[1]} "
+                           f"(height x width), expected {contract.IMAGE_HEIGHT}x"
+                           f"{contract.IMAGE_WIDTH}")
     return image
 
 

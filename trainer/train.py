@@ -103,6 +103,7 @@ def _check_inputs(config: TrainConfig, strategy: tf.distribute.Strategy,
     replicas = strategy.num_replicas_in_sync
     config.check_replicas(replicas)
     steps_per_epoch = data.steps_per_epoch(train_files, config)
+    config.check_total_steps(config.epochs * steps_per_epoch)
     hosts = strategy_lib.num_hosts(strategy)
     log.info("%s; %d train / %d test examples; %d steps per epoch; global batch %d "
              "= %d per replica, %d per host (%d host(s))",
