@@ -17,16 +17,11 @@ import sys
 import pytest
 
 from tests.helpers import REPO
+from tests.test_pipeline_storage_errors import mount
 
 pytestmark = pytest.mark.slow
 
 DATASET = dict(num_train=400, num_test=40)  # 25 steps per epoch at batch 16
-
-
-def mount(*args):
-    result = subprocess.run(["mount", *args], capture_output=True, text=True)
-    if result.returncode != 0:
-        pytest.skip(f"mount not permitted here: {result.stderr.strip()}")
 
 
 @pytest.fixture
