@@ -8,7 +8,9 @@ when to log (TensorBoard ``logs/train``: ``loss``, ``accuracy``,
 ``logs/validation``: ``loss``, ``accuracy`` per epoch), checkpoint
 (``checkpoints/ckpt-<step>`` through ``tf.train.CheckpointManager``, at
 epoch ends and every ``checkpoint_every`` steps), evaluate (epoch ends,
-with a `trainer.evaluator.Evaluator`) and profile (``--profile_steps``).
+with a `trainer.evaluator.Evaluator`) and profile (``--profile_steps``),
+and stops on a SIGTERM or SIGINT (`trainer.preemption`): after the call that
+is running it saves that step and raises `trainer.preemption.Stopped`.
 The history of every epoch travels inside the checkpoint, so
 ``metrics.json`` after a resume holds the whole run.
 
@@ -194,6 +196,7 @@ class Controller:
                       f"{self.signals.name} received: stopped at step "
                       f"{self.step}/{self.total_steps}, saved {self._checkpoint_path()}; "
                       "rerun the same command to resume")
+
     def evaluate(self) -> dict:
         self.result = self.evaluator()
         return self.result
