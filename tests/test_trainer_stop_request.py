@@ -102,3 +102,16 @@ def test_keras_logs_and_writes_its_checkpoint_cadence(trainer_dataset, tmp_path,
     saved = sorted(int(p.name.split("-")[1].split(".")[0])
                    for p in (tmp_path / "checkpoints").glob("ckpt-*.index"))
     assert saved == [12, 20, 25, 33, 41, 50]
+
+
+def test_ctrl_c_outside_the_train_steps_is_one_line(monkeypatch, capsys):
+    from trainer import __main__ as cli
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "parse_flags", interrupted)
+    assert cli.main(["--data=d", "--model_dir=m"]) == 130
+    assert capsys.readouterr().err.splitlines() == [
+        "interrupted (SIGINT) outside the training steps; a rerun resumes from the last "
+        "checkpoint, if any"]
