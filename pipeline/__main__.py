@@ -10,17 +10,20 @@ import re
 import sys
 
 from pipeline import console, options
-from pipeline.errors import PipelineError, PipelineInputError, failure_summary
+from pipeline.errors import (Interrupted, PipelineError, PipelineInputError,
+                             failure_summary, is_interrupt)
 
 
 class _DropInputErrorTracebacks(logging.Filter):
     """Beam logs a worker's exception with its traceback before re-raising it.
 
-    For a PipelineInputError the user gets the one-line message instead.
+    For a PipelineInputError, or Ctrl-C, the user gets the one-line message instead.
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
+        if is_interrupt(exc):
+            return False
         if record.levelno >= logging.ERROR:  # a storage failure: one error line too
             if failure_summary(exc or RuntimeError(record.getMessage())):
                 return False
@@ -38,9 +41,10 @@ def _configure_logging() -> None:
 
 
 def _print_error(error: Exception) -> int:
-    """One line ``error: ...`` (without Beam's step name), exit status 2."""
+    """One line ``error: ...`` (without Beam's step name), exit status 2
+    (130 after Ctrl-C)."""
     options.print_error(re.sub(r" \[while running '[^']*'\]$", "", str(error)))
-    return 2
+    return Interrupted.EXIT_STATUS if isinstance(error, Interrupted) else 2
 
 
 def main(argv=None) -> int:
@@ -50,14 +54,17 @@ def main(argv=None) -> int:
         run_options = options.parse(argv)
     except (options.FlagError, PipelineInputError) as e:
         return _print_error(e)
-    if run_options.source == "tfds":
-        console.import_tensorflow_quietly()  # TFDS reads through TensorFlow
-    else:
-        console.set_tensorflow_log_level()  # records are encoded without TensorFlow
-    from pipeline import job
     from pipeline.publish.output import DatasetComplete
     try:
+        if run_options.source == "tfds":
+            console.import_tensorflow_quietly()  # TFDS reads through TensorFlow
+        else:
+            console.set_tensorflow_log_level()  # records are encoded without TensorFlow
+        from pipeline import job
         manifest = job.run(run_options)
+    except KeyboardInterrupt:  # while importing Beam: the job had not started
+        return _print_error(Interrupted(f"{run_options.output}: interrupted (SIGINT); "
+                                        "nothing was written"))
     except PipelineError as e:
         return _print_error(e)
     except DatasetComplete as e:

@@ -27,6 +27,24 @@ class StorageError(PipelineError):
     """The output storage failed (unreachable, refusing writes) during the run."""
 
 
+class Interrupted(PipelineError):
+    """Ctrl-C (SIGINT) stopped the job; the message says what the output holds."""
+
+    EXIT_STATUS = 130  # 128 + SIGINT, as a shell reports it
+
+
+def is_interrupt(error: Optional[BaseException]) -> bool:
+    """Whether ``error`` is Ctrl-C as a runner passes it on: a KeyboardInterrupt
+    in the chain, or Beam's stand-in for one (``RuntimeError: KeyboardInterrupt
+    [while running 'STEP']``: it cannot re-create an exception without args)."""
+    seen = error
+    while seen is not None:
+        if isinstance(seen, KeyboardInterrupt) or str(seen).startswith("KeyboardInterrupt"):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def as_pipeline_error(error: BaseException, output: str,
                       earlier: str = "") -> PipelineError | None:
     """The one-line error inside whatever the runner raised, or None if unknown.

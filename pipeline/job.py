@@ -19,9 +19,11 @@ import mnist_contract as contract
 
 from pipeline import options as job_options
 from pipeline import _compat, progress, storage
-from pipeline.errors import PipelineInputError, StorageError, as_pipeline_error
+from pipeline.errors import (Interrupted, PipelineInputError, StorageError,
+                             as_pipeline_error, is_interrupt)
 from pipeline.options import Options
-from pipeline.publish.output import OutputLayout, finalize, prepare_output, remove_temp
+from pipeline.publish.output import (OutputLayout, finalize, interrupted_state,
+                                     prepare_output, remove_temp)
 from pipeline.shard import transforms
 from pipeline.shard.config import SHARDS
 from pipeline.source.sources import announce
@@ -77,6 +79,9 @@ def run(options: Options) -> contract.Manifest:
     held: list[OutputLayout] = []
     try:
         return _run(options, held)
+    except KeyboardInterrupt:
+        state = interrupted_state(held[0]) if held else "nothing was written"
+        raise Interrupted(f"{options.output}: interrupted (SIGINT); {state}") from None
     finally:
         for layout in held:  # the output's lock, whatever happened
             layout.release()
@@ -126,6 +131,8 @@ def _run_beam(options: Options, layout: OutputLayout):
                             layout.temp_dir)
         else:
             remove_temp(layout)
+        if known is None and is_interrupt(e):
+            raise KeyboardInterrupt from None  # `run` reports what the output holds
         if known is None:
             raise
         raise known from e

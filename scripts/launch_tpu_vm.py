@@ -24,7 +24,9 @@ train   reads ``--data``'s manifest.json (``gcloud storage cat``) and warns
         trainer's pid in ``~/mnist-tpu/train.pid`` and, when it ends, its
         exit status in ``~/mnist-tpu/train.exit``.
 wait    asks every host for that state every ``--poll_seconds`` until the
-        trainer has exited, then exits with the trainer's status; 124 after
+        trainer has exited, then exits with the trainer's status (143 or
+        130: stopped by SIGTERM or SIGINT after saving a checkpoint, e.g. a
+        preemption: it says to rerun the train step to resume); 124 after
         ``--wait_timeout`` seconds, 255 when several checks in a row fail.
 status  asks once: prints one line per host; exits 0 while training runs or
         after it succeeded, else with the trainer's status (1 if none).
@@ -90,7 +92,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import launch_common as lc  # noqa: E402
 from tpu_vm_commands import (DEFAULT_DIST_DIR, DEFAULT_LIBTPU,  # noqa: E402
                              DEFAULT_TENSORFLOW, PREINSTALLED, REMOTE_DIR, TpuConfig,
-                             parse_status, phases, plan,
+                             exit_note, parse_status, phases, plan,
                              summarize_status)
 from mnist_contract import (MANIFEST_FILE, ContractError, Manifest,  # noqa: E402
                             join_path)  # (on the path: tpu_vm_commands)
@@ -372,7 +374,7 @@ def wait_for_trainer(cfg: TpuConfig, cmd: lc.Command,
             state, code = summarize_status(states)
             if state == "exited":
                 print(f"training on {cfg.name} finished with exit status "
-                      f"{code}", file=sys.stderr)
+                      f"{code}{exit_note(code)}", file=sys.stderr)
                 return code
             if state == "stopped":
                 return lc.fail(f"{cfg.name}: the trainer stopped without an "
@@ -400,7 +402,10 @@ def _run_phase(name: str, commands: Sequence[lc.Command], cfg: TpuConfig,
         sys.stdout.write(output)
         if rc != 0:
             return rc
-        return summarize_status(parse_status(output))[1]
+        code = summarize_status(parse_status(output))[1]
+        if exit_note(code):
+            print(f"{cfg.name}: exit status {code}{exit_note(code)}", file=sys.stderr)
+        return code
     if name == "train":
         manifest, *commands = commands
         warning = train_shards_warning(cfg, *lc.run_command_output(manifest))

@@ -33,7 +33,7 @@ EOF
   setting DATA "shards (replaced each run)" "out/mnist"
   setting LOOP "keras | custom" "keras"
   # shellcheck disable=SC2016  # the default as a formula: $LOOP stays literal
-  setting MODEL_DIR "checkpoints, logs, export" 'runs/local-$LOOP (deleted first)'
+  setting MODEL_DIR "checkpoints, logs, export" 'runs/local-$LOOP (replaced if made here)'
   setting EPOCHS "training epochs" "20"
   setting RESUME "1: keep MODEL_DIR, resume" "0 (start from scratch)"
 }
@@ -55,11 +55,22 @@ case "$LOOP" in
   *) echo "error: LOOP must be keras or custom, got '$LOOP'" >&2; exit 2 ;;
 esac
 
+# A model dir is deleted only if this script made it: its marker file is in
+# it. Anything else (the checkout, a home folder, another run's results) is
+# refused. An empty folder is taken over as it is; a gs:// one is left alone.
+MARKER=".made-by-run_local"
 if [[ "${RESUME:-0}" != 1 && -e "$MODEL_DIR" ]]; then
-  case "$MODEL_DIR" in
-    ""|/|.|..) echo "error: refusing to clear MODEL_DIR='$MODEL_DIR'" >&2; exit 2 ;;
-  esac
-  rm -rf -- "$MODEL_DIR"
+  if [[ -d "$MODEL_DIR" && ! -L "$MODEL_DIR" && -f "$MODEL_DIR/$MARKER" ]]; then
+    rm -rf -- "$MODEL_DIR"
+  elif [[ ! -d "$MODEL_DIR" || -n "$(ls -A -- "$MODEL_DIR")" ]]; then
+    echo "error: MODEL_DIR=$MODEL_DIR: not a folder this script made (no $MARKER in" \
+      "it), so it is not deleted; remove it yourself, resume it with RESUME=1 or" \
+      "pick another MODEL_DIR" >&2
+    exit 2
+  fi
+fi
+if [[ "$MODEL_DIR" != *://* ]] && [[ ! -e "$MODEL_DIR" || -z "$(ls -A -- "$MODEL_DIR")" ]]; then
+  mkdir -p -- "$MODEL_DIR" && touch -- "$MODEL_DIR/$MARKER"
 fi
 
 echo "== pipeline: offline sample -> $DATA" >&2

@@ -331,6 +331,20 @@ def plan(step: str, cfg: TpuConfig, pyproject: Mapping) -> list[lc.Command]:
     return [cmd for _, cmds in phases(step, cfg, pyproject) for cmd in cmds]
 
 
+# The trainer's exit status after a clean stop on a signal (trainer/preemption.py:
+# 128 + the signal number): a checkpoint of that step is saved.
+STOPPED_BY_SIGNAL = {143: "SIGTERM", 130: "SIGINT"}
+
+
+def exit_note(code: int) -> str:
+    """What a trainer exit status means for the next step, "" if nothing to add."""
+    signal_name = STOPPED_BY_SIGNAL.get(code)
+    if signal_name is None:
+        return ""
+    return (f" (stopped by {signal_name}: preempted or interrupted, after saving a "
+            "checkpoint; rerun the train step to resume)")
+
+
 def parse_status(output: str) -> list[tuple[str, int | None]]:
     """``(state, exit status)`` per host from the status script's output.
 

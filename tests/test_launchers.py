@@ -314,6 +314,7 @@ def test_run_local_runs_pipeline_then_trainer(tmp_path, loop):
     fake, log = _fake_python(tmp_path)
     data, model = tmp_path / "data", tmp_path / "model"
     model.mkdir()
+    (model / ".made-by-run_local").touch()  # a run of this script made it
     (model / "stale").write_text("old run")
     env = clean_env(PYTHON=str(fake), LOOP=loop, DATA=str(data),
                     MODEL_DIR=str(model))
@@ -327,7 +328,8 @@ def test_run_local_runs_pipeline_then_trainer(tmp_path, loop):
     assert calls[1].split() == [
         "-m", "trainer", f"--data={data}", f"--model_dir={model}",
         "--preset=cpu", f"--loop={loop}", "--epochs=20", "--epochs=1"]
-    assert not model.exists()  # a fresh run unless RESUME=1
+    assert [p.name for p in model.iterdir()] == [".made-by-run_local"]  # a fresh run
+    # unless RESUME=1
 
 
 def test_run_local_rejects_unknown_loop(tmp_path):

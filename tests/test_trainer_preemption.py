@@ -130,3 +130,62 @@ def test_sigkill_then_restart_resumes_and_matches_an_uninterrupted_run(
     for key in ("test_loss", "test_accuracy"):
         assert metrics["history"][key] == expected["history"][key]
     assert len(metrics["history"]["train_loss"]) == 3
+
+
+def stop_with(proc: subprocess.Popen, model_dir: str, signum: int) -> tuple[str, str]:
+    """Sends ``signum`` once the first checkpoint is on disk; the run's output."""
+    while not os.path.exists(state_file(model_dir)) and proc.poll() is None:
+        time.sleep(0.005)
+    proc.send_signal(signum)
+    try:
+        return proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+
+
+@pytest.mark.parametrize("loop", ["keras", "custom"])
+def test_sigterm_saves_at_the_next_call_and_the_rerun_matches_an_uninterrupted_run(
+        trainer_dataset, tmp_path, loop):
+    dataset = trainer_dataset(**DATASET)
+    reference_dir, model_dir = str(tmp_path / "reference"), str(tmp_path / "preempted")
+    reference = start(dataset, reference_dir, loop)
+    first = start(dataset, model_dir, loop)
+    out, err = stop_with(first, model_dir, signal.SIGTERM)
+    assert first.returncode == 143, out[-2000:] + err[-4000:]
+    assert "Traceback" not in err, err[-4000:]
+    step = saved_step(model_dir)
+    assert 0 < step < TOTAL_STEPS
+    ckpt = os.path.join(model_dir, outputs.CHECKPOINTS, f"ckpt-{step}")
+    assert err.strip().splitlines()[-1] == (
+        f"SIGTERM received: stopped at step {step}/{TOTAL_STEPS}, saved {ckpt}; "
+        "rerun the same command to resume")
+    assert not os.path.exists(os.path.join(model_dir, outputs.METRICS))
+    if loop == "keras":  # the stop comes at the end of a 4-step call
+        assert step % 4 == 0
+
+    out = finish(start(dataset, model_dir, loop))
+    assert f"resuming at step {step}/{TOTAL_STEPS}" in out
+    metrics = trainer_data.read_metrics(model_dir)
+    assert metrics["resumed_from_step"] == step and metrics["train_steps"] == TOTAL_STEPS
+    finish(reference)
+    want, got = final_variables(reference_dir), final_variables(model_dir)
+    assert sorted(got) == sorted(want) and len(want) > 10
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    expected = trainer_data.read_metrics(reference_dir)
+    assert metrics["history"]["test_loss"] == expected["history"]["test_loss"]
+
+
+def test_sigint_is_one_line_and_the_same_clean_stop(trainer_dataset, tmp_path):
+    dataset = trainer_dataset(**DATASET)
+    model_dir = str(tmp_path / "interrupted")
+    proc = start(dataset, model_dir, "custom")
+    out, err = stop_with(proc, model_dir, signal.SIGINT)
+    assert proc.returncode == 130, out[-2000:] + err[-4000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-4000:]
+    step = saved_step(model_dir)
+    assert 0 < step < TOTAL_STEPS
+    assert err.strip().splitlines()[-1].startswith(
+        f"SIGINT received: stopped at step {step}/{TOTAL_STEPS}, saved ")
+    assert f"resuming at step {step}/{TOTAL_STEPS}" in finish(start(dataset, model_dir,
+                                                                    "custom"))

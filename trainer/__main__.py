@@ -4,29 +4,32 @@ A thin entry point: flags → `TrainConfig` (`trainer.config.parse_flags`,
 whose default ``--preset=auto`` is settled once TensorFlow has started
 quietly), `trainer.train.train_and_evaluate`, one line of final metrics. Expected
 failures (`TrainerError`) end with one line on stderr and exit status 1,
-no traceback.
+no traceback. A stop on SIGTERM or SIGINT (`trainer.preemption`) ends with
+one line and exit status 143 or 130; so does Ctrl-C outside training.
 
-TensorFlow's C++ start-up chatter is hidden unless ``TF_CPP_MIN_LOG_LEVEL``
-is set (`trainer.quiet`): the level's default must be set before TensorFlow
-is imported, hence here, first; `_quiet_tensorflow_start` then imports
-TensorFlow with file descriptor 2 muted.
+TensorFlow's C++ start-up lines are hidden (`trainer.quiet`); the level
+``TF_CPP_MIN_LOG_LEVEL`` (default 2, errors only) decides what TensorFlow
+logs after that. The default must be set before TensorFlow is imported,
+hence here, first.
 """
 
 from __future__ import annotations
 
 import os
 
-from trainer import quiet  # imports no TensorFlow
+from trainer import quiet
 
-_HIDE_LOGS = quiet.hide_tensorflow_logs()
+quiet.default_log_level()
 
 import logging  # noqa: E402
+import signal  # noqa: E402
 import sys  # noqa: E402
 from typing import Optional, Sequence  # noqa: E402
 
 import trainer  # noqa: E402,F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 from trainer.config import TrainConfig, parse_flags, strategy_is_tpu  # noqa: E402
 from trainer.errors import TrainerError  # noqa: E402
+from trainer.preemption import EXIT_STATUS, Stopped  # noqa: E402
 
 
 def _quiet_tensorflow_start(config: TrainConfig) -> None:
@@ -35,11 +38,9 @@ def _quiet_tensorflow_start(config: TrainConfig) -> None:
     Finding the devices starts TensorFlow's runtime, after which a CPU split
     (``--cpu_replicas``, made here first), a multi-worker strategy or a TPU
     connection can no longer be set up; so runs that may need one of those
-    only import TensorFlow here. Python exceptions are unaffected (they print
-    after fd 2 is restored). Skipped when the user set ``TF_CPP_MIN_LOG_LEVEL``,
-    asking for the logs.
+    only import TensorFlow here.
     """
-    if not _HIDE_LOGS or "tensorflow" in sys.modules:
+    if "tensorflow" in sys.modules:
         return
     local = config.strategy in ("mirrored", "default") or (
         config.strategy == "auto" and not config.tpu and not os.environ.get("TPU_NAME")
@@ -71,6 +72,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except TrainerError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except Stopped as e:
+        print(e, file=sys.stderr)
+        return e.exit_status
+    except KeyboardInterrupt:  # Ctrl-C before or after the steps: nothing to save
+        print("interrupted (SIGINT) outside the training steps; a rerun resumes from "
+              "the last checkpoint, if any", file=sys.stderr)
+        return EXIT_STATUS[signal.SIGINT]
     print(f"test_loss={metrics['test_loss']:.4f} "
           f"test_accuracy={metrics['test_accuracy']:.4f} "
           f"test_examples={metrics['test_examples']} "

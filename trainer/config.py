@@ -144,6 +144,14 @@ class TrainConfig:
               "--cpu_replicas works with --strategy=auto or mirrored, "
               f"not {self.strategy!r}")
 
+    def check_total_steps(self, total_steps: int) -> None:
+        """The check that needs the run's length: ``--profile_steps`` inside it."""
+        if self.profile_steps is not None and self.profile_steps[1] > total_steps:
+            start, end = self.profile_steps
+            raise TrainerError(f"--profile_steps={start},{end} ends after the run's "
+                               f"{total_steps} steps ({self.epochs} epoch(s)); profile "
+                               f"steps within 1..{total_steps}")
+
     def check_replicas(self, replicas: int) -> None:
         """The check that needs the strategy: whole per-replica batches."""
         if self.global_batch_size % replicas:

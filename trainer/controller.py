@@ -12,7 +12,9 @@ the confusion matrix and misclassified digits per epoch, the final test
 metrics at the end), checkpoint
 (``checkpoints/ckpt-<step>`` through ``tf.train.CheckpointManager``, at
 epoch ends and every ``checkpoint_every`` steps), evaluate (epoch ends,
-with a `trainer.evaluator.Evaluator`) and profile (``--profile_steps``).
+with a `trainer.evaluator.Evaluator`) and profile (``--profile_steps``),
+and stops on a SIGTERM or SIGINT (`trainer.preemption`): after the call that
+is running it saves that step and raises `trainer.preemption.Stopped`.
 The history of every epoch and the run's settings travel inside the
 checkpoint, so ``metrics.json`` after a resume holds the whole run. Before
 each evaluation and each checkpoint it checks that the data is still the
@@ -46,6 +48,8 @@ from mnist_contract import join_path
 from trainer import checkpoints, outputs, resume, summaries
 from trainer.config import TrainConfig
 from trainer.evaluator import Evaluator
+from trainer.errors import TrainerError, os_reason
+from trainer.preemption import StopSignals, Stopped
 
 log = logging.getLogger(__name__)
 
@@ -74,10 +78,12 @@ class Controller:
     def __init__(self, config: TrainConfig, strategy: tf.distribute.Strategy,
                  model: keras.Model, optimizer, steps_per_epoch: int,
                  evaluator: Evaluator, *, print_steps: bool,
-                 check_inputs: Callable[[], None] = lambda: None):
+                 check_inputs: Callable[[], None] = lambda: None,
+                 signals: StopSignals | None = None):
         self.config, self.strategy, self.evaluator = config, strategy, evaluator
         # Raises if the data changed since the run started (`trainer.dataset_pin`).
         self.check_inputs = check_inputs
+        self.signals = signals
         self.steps_per_epoch = steps_per_epoch
         self.total_steps = config.epochs * steps_per_epoch
         self.print_steps = print_steps
@@ -88,10 +94,14 @@ class Controller:
         self.manager = self._new_manager()
         logs = outputs.write_dir(config.model_dir, outputs.LOGS, strategy)
         self.logs_dir = logs
-        self.train_writer = tf.summary.create_file_writer(join_path(logs, "train"))
-        self.eval_writer = tf.summary.create_file_writer(join_path(logs, "validation"))
-        # The run's root: its HParams record and final test metrics.
-        self.run_writer = tf.summary.create_file_writer(logs)
+        try:
+            self.train_writer = tf.summary.create_file_writer(join_path(logs, "train"))
+            self.eval_writer = tf.summary.create_file_writer(join_path(logs, "validation"))
+            # The run's root: its HParams record and final test metrics.
+            self.run_writer = tf.summary.create_file_writer(logs)
+        except tf.errors.OpError as e:
+            raise TrainerError(f"{logs}: cannot write the TensorBoard logs of --model_dir "
+                               f"({os_reason(e)})") from None
         self.history: dict[str, list[float]] = {k: [] for k in HISTORY_KEYS}
         self.step = self.start_step = 0
         self.result: dict = {}
@@ -160,10 +170,14 @@ class Controller:
     # -- decisions -------------------------------------------------------------
     def next_stop(self, step: int) -> int:
         """The furthest step one inner-loop call may run to: the next log,
-        checkpoint, profiler or epoch boundary."""
+        checkpoint, profiler or epoch boundary, and, while stop signals are
+        watched, the end of one ``steps_per_execution`` call (where a stop
+        request is seen)."""
         c = self.config
         stop = min(self.total_steps, (step // self.steps_per_epoch + 1) * self.steps_per_epoch,
                    (step // c.log_every + 1) * c.log_every)
+        if self.signals is not None:
+            stop = min(stop, step + c.steps_per_execution)
         if c.checkpoint_every:
             stop = min(stop, (step // c.checkpoint_every + 1) * c.checkpoint_every)
         for boundary in self._profile_boundaries():
@@ -181,6 +195,8 @@ class Controller:
         if _crossed(before, step, self.config.checkpoint_every) and not epoch_end:
             self._save()
         self._profile(step)
+        if not epoch_end:  # end_epoch stops after it has evaluated and saved
+            self.stop_if_asked()
 
     def end_epoch(self, step: int, logs: Mapping) -> None:
         """Evaluates, records the epoch, checkpoints."""
@@ -199,6 +215,18 @@ class Controller:
         self.history["test_loss"].append(result["test_loss"])
         self.history["test_accuracy"].append(result["test_accuracy"])
         self._save()
+        self.stop_if_asked()
+
+    def stop_if_asked(self) -> None:
+        """On a stop signal: saves this step (unless saved) and raises `Stopped`."""
+        if self.signals is None or self.signals.received is None:
+            return
+        if self.manager.latest_checkpoint != self._checkpoint_path():
+            self._save()
+        raise Stopped(self.signals.received,
+                      f"{self.signals.name} received: stopped at step "
+                      f"{self.step}/{self.total_steps}, saved {self._checkpoint_path()}; "
+                      "rerun the same command to resume")
 
     def evaluate(self) -> dict:
         """Evaluates, checking before and after that the data is still the run's."""
@@ -209,7 +237,10 @@ class Controller:
         return self.result
 
     def close(self) -> None:
-        """Stops a running profile (also after a failure: one profiler per process)."""
+        """Stops a running profile (also after a failure: one profiler per process)
+        and gives the stop signals back their earlier handlers."""
+        if self.signals is not None:
+            self.signals.release()
         if self._profiling:
             tf.profiler.experimental.stop()
             self._profiling = False
@@ -249,7 +280,21 @@ class Controller:
         self.state.assign(json.dumps({
             "model": self.config.model, "history": self.history,
             "settings": resume.saved_settings(self.config, self.steps_per_epoch)}))
-        self.manager.save(checkpoint_number=self.step)
+        try:
+            self.manager.save(checkpoint_number=self.step)
+        except tf.errors.OpError as e:
+            raise self._save_error(e) from None
+
+    def _save_error(self, error: tf.errors.OpError) -> TrainerError:
+        """Removes the half-written checkpoint (``ckpt-N_temp``, or names it if
+        that fails too) and names the checkpoint a rerun resumes from."""
+        left = outputs.discard_partial(self._checkpoint_path() + "_temp")
+        latest = tf.train.latest_checkpoint(self.manager.directory) or "step 0"
+        return TrainerError(f"{self._checkpoint_path()}: cannot save the checkpoint "
+                            f"({os_reason(error)}); a rerun resumes from {latest}{left}")
+
+    def _checkpoint_path(self) -> str:
+        return join_path(self.manager.directory, f"ckpt-{self.step}")
 
     def _profile_boundaries(self) -> tuple[int, ...]:
         if self.config.profile_steps is None:

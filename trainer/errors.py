@@ -29,3 +29,11 @@ def summarize_error(error: BaseException, limit: int = 160) -> str:
     line = re.sub(r"\s*\[Op:.*$", "", line).strip()
     line = line.split(". ")[0]
     return line[:limit] or type(error).__name__
+
+
+def os_reason(error: BaseException) -> str:
+    """The operating system's reason that ends a TensorFlow file error
+    (``PATH; No space left on device``), else `summarize_error`: the caller
+    names the path itself, and TF's is often a temporary file's."""
+    text = summarize_error(error, limit=1000)
+    return text.rsplit("; ", 1)[1].strip() if "; " in text else summarize_error(error)

@@ -32,8 +32,10 @@ import tensorflow as tf
 import tf_keras as keras
 
 import mnist_contract as contract
-from trainer import _compat
+from mnist_contract import join_path
+from trainer import _compat, outputs
 from trainer.augment import RandomAffine
+from trainer.errors import TrainerError, os_reason
 
 SIGNATURE_INPUT = "images"
 
@@ -94,5 +96,19 @@ def export_model(model: keras.Model, export_dir: str) -> None:
             optimizer=keras.optimizers.Adam(),
             loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
             metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")])
-    served.save(export_dir, save_format="tf",
-                signatures={"serving_default": serving_fn(served)})
+    try:
+        served.save(export_dir, save_format="tf",
+                    signatures={"serving_default": serving_fn(served)})
+    except (tf.errors.OpError, OSError) as e:
+        raise _export_error(export_dir, e) from None
+
+
+def _export_error(export_dir: str, error: Exception) -> TrainerError:
+    """Removes what the failed save wrote (the folder, or only the
+    half-written variables beside an earlier complete export), or names it
+    if that fails too; the checkpoints are complete, so a rerun exports again."""
+    earlier = tf.io.gfile.exists(join_path(export_dir, "saved_model.pb"))
+    left = outputs.discard_partial(
+        join_path(export_dir, "variables/variables_temp") if earlier else export_dir)
+    return TrainerError(f"{export_dir}: cannot write the export ({os_reason(error)}); "
+                        f"training is complete and checkpointed, a rerun exports again{left}")

@@ -13,6 +13,11 @@ hands each call's end, and each epoch's, to the same
 and profile exactly as for the custom loop (fit gets no validation data and
 no TensorBoard or checkpoint callbacks of its own).
 
+Checkpoints: fit returns to Python only between train-function calls, so
+a ``--checkpoint_every`` boundary inside a call is saved at the end of that
+call; `checkpoint_steps` lists where, and the run logs it when that differs
+from the custom loop's exact multiples.
+
 Resuming mid-epoch: fit's epochs all have ``steps_per_epoch`` steps, so a
 run restored at step s inside epoch e first fits the rest of epoch e alone,
 then the remaining epochs. Each fit reads a training stream built for the
@@ -22,6 +27,7 @@ would have seen.
 
 from __future__ import annotations
 
+import logging
 from typing import Sequence
 
 import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
@@ -32,6 +38,8 @@ import mnist_contract as contract
 from trainer import data
 from trainer.config import TrainConfig
 from trainer.controller import Controller
+
+log = logging.getLogger(__name__)
 
 
 def keras_batch(batch: dict) -> tuple[tf.Tensor, tf.Tensor]:
@@ -58,11 +66,40 @@ class _Hooks(keras.callbacks.Callback):
         self.controller.end_epoch(self.controller.step, logs)
 
 
+def checkpoint_steps(steps_per_epoch: int, per_call: int, every: int,
+                     count: int = 3) -> list[int]:
+    """The first ``count`` steps (from step 0) at which fit's calls of
+    ``per_call`` steps save a ``checkpoint_every=every`` checkpoint inside
+    an epoch; the custom loop saves at the multiples of ``every`` themselves."""
+    found, step = [], 0
+    while every and len(found) < count and step < count * (every + per_call + steps_per_epoch):
+        end = min(step + per_call, (step // steps_per_epoch + 1) * steps_per_epoch)
+        if end // every > step // every and end % steps_per_epoch:
+            found.append(end)
+        step = end
+    return found
+
+
+def _log_checkpoint_cadence(config: TrainConfig, steps_per_epoch: int) -> None:
+    """One line when fit's call boundaries move the ``--checkpoint_every`` saves."""
+    every, per_call = config.checkpoint_every, config.steps_per_execution
+    keras_steps = checkpoint_steps(steps_per_epoch, per_call, every)
+    exact = checkpoint_steps(steps_per_epoch, 1, every)
+    if keras_steps != exact:
+        log.info("Keras checkpoints after the --steps_per_execution=%d-step call that "
+                 "crosses each multiple of --checkpoint_every=%d: %s (the custom "
+                 "loop: steps %s, ...)", per_call, every,
+                 f"steps {', '.join(map(str, keras_steps))}, ..." if keras_steps
+                 else "at epoch ends only",
+                 ", ".join(map(str, exact)))
+
+
 def train(config: TrainConfig, strategy: tf.distribute.Strategy, model: keras.Model,
           controller: Controller, train_split: data.SplitFiles,
           callbacks: Sequence[keras.callbacks.Callback] = ()) -> None:
     """Fits from the controller's step to the end of the last epoch."""
     spe, step = controller.steps_per_epoch, controller.step
+    _log_checkpoint_cadence(config, spe)
     # Keras appends its own progress bar after the given callbacks, so it would
     # end the bar's line only after the controller printed its epoch line onto
     # it. Given first, the bar ends its line before the controller prints.

@@ -156,3 +156,14 @@ def discard_stale_exports(model_dir: str) -> None:
         log.warning("%s: removing the leftovers of an export that did not finish", path)
         tf.io.gfile.rmtree(path)
 
+
+
+def discard_partial(path: str) -> str:
+    """Removes what a failed save left at ``path``; "" when gone, else the
+    clause that names it (``; remove the partial PATH``) for the error line."""
+    try:
+        if tf.io.gfile.exists(path):
+            tf.io.gfile.rmtree(path)
+        return ""
+    except tf.errors.OpError:
+        return f"; remove the partial {path}"

@@ -30,7 +30,7 @@ import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 from trainer import quiet
 
 if __name__ == "__main__":  # the command, not an import: before TensorFlow loads
-    quiet.start_local_tensorflow()
+    quiet.import_tensorflow()  # its start-up lines hidden
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
@@ -83,8 +83,9 @@ def read_png(path: str) -> np.ndarray:
     except tf.errors.OpError as e:
         raise TrainerError(f"{path}: cannot decode the PNG ({summarize_error(e)})") from None
     if image.shape != contract.IMAGE_SHAPE:
-        raise TrainerError(f"{path}: image is {image.shape[1]}x{image.shape[0]}, "
-                           f"expected {contract.IMAGE_SHAPE[1]}x{contract.IMAGE_SHAPE[0]}")
+        raise TrainerError(f"{path}: image is {image.shape[0]}x{image.shape[1]} "
+                           f"(height x width), expected {contract.IMAGE_HEIGHT}x"
+                           f"{contract.IMAGE_WIDTH}")
     return image
 
 

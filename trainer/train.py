@@ -31,7 +31,7 @@ from mnist_contract import join_path
 from trainer import checkpoints, checks, controller as controller_lib, custom_loop, data
 from trainer import dataset_pin, export, run_lock
 from trainer import keras_loop
-from trainer import model as model_lib, outputs, strategy as strategy_lib, summaries
+from trainer import model as model_lib, outputs, preemption, strategy as strategy_lib, summaries
 from trainer.evaluator import Evaluator
 from trainer.config import TrainConfig
 from trainer.errors import TrainerError, summarize_error
@@ -159,6 +159,7 @@ def _check_inputs(config: TrainConfig, strategy: tf.distribute.Strategy,
     if config.jit_compile:
         strategy_lib.check_jit_compile(strategy)
     steps_per_epoch = data.steps_per_epoch(train_files, config)
+    config.check_total_steps(config.epochs * steps_per_epoch)
     hosts = strategy_lib.num_hosts(strategy)
     log.info("%s; %d train / %d test examples; %d steps per epoch; global batch %d "
              "= %d per replica, %d per host (%d host(s))",
@@ -208,12 +209,17 @@ def _run(run: _Run, callbacks: Sequence) -> dict:
     evaluator = Evaluator(
         strategy, model, test_ds, eval_steps, expected_examples=test_files.num_examples,
         origin=join_path(config.data, contract.MANIFEST_FILE))
+    # Multi-worker: no stop requests (see trainer.preemption).
+    signals = (None if strategy_lib.is_multi_worker(strategy)
+               else preemption.StopSignals())
     controller = controller_lib.Controller(
         config, strategy, model, optimizer, run.steps_per_epoch, evaluator,
         print_steps=config.loop == "custom",  # Keras prints its own progress
-        check_inputs=run.pin.check)
+        check_inputs=run.pin.check, signals=signals)
     outputs.log_write_dirs(config.model_dir, strategy)
     try:
+        if signals is not None:
+            signals.watch()  # until controller.close()
         controller.restore()
         controller.log_start(summaries.train_preview(config, model, train_files))
         if config.loop == "keras":

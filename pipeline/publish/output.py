@@ -324,6 +324,12 @@ def _stage_metadata(layout: OutputLayout, manifest: contract.Manifest,
     return metadata
 
 
+def interrupted_state(layout: OutputLayout) -> str:
+    """After an interrupt at any point of the run: what the output holds
+    (the temp folder is removed unless a journal needs it)."""
+    return _state_after(layout, journal_written=True)
+
+
 def _state_after(layout: OutputLayout, journal_written: bool) -> str:
     """The truth about the output after publishing failed, for the error line."""
     path = journal.journal_path(layout.output)

@@ -1,0 +1,42 @@
+"""The trainer's commands hide TensorFlow's C++ start-up lines, whatever
+``TF_CPP_MIN_LOG_LEVEL`` the user set (it decides only what TF logs later).
+
+Each command fails early here, after TensorFlow has loaded and found its
+devices, so its stderr must be the one ``error:`` line and nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import REPO
+
+
+def run(args, level) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    if level is not None:
+        env["TF_CPP_MIN_LOG_LEVEL"] = level
+    return subprocess.run([sys.executable, "-m", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("level", [None, "0", "1"])
+def test_trainer_start_is_quiet(tmp_path, level):
+    (tmp_path / "model").write_text("a file")
+    result = run(["trainer", "--preset=smoke", f"--data={tmp_path}",
+                  f"--model_dir={tmp_path / 'model'}"], level)
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        f"error: {tmp_path / 'model'}: --model_dir is a file, not a folder"], result.stderr
+
+
+@pytest.mark.parametrize("level", [None, "1"])
+def test_predict_start_is_quiet(tmp_path, level):
+    result = run(["trainer.predict", f"--model_dir={tmp_path}", "digit.png"], level)
+    assert result.returncode == 1
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"error: {tmp_path}/export: no SavedModel"), result.stderr

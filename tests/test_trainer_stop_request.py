@@ -1,0 +1,117 @@
+"""A stop request (`trainer.preemption`) seen by the controller, and the
+Keras loop's checkpoint cadence: fast, in-process checks of what
+tests/test_trainer_preemption.py shows end to end."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+
+import pytest
+import tensorflow as tf
+
+from trainer import controller as controller_lib, keras_loop, model as model_lib, preemption
+from trainer.config import TrainConfig
+from trainer.train import train_and_evaluate
+
+
+class _SignalAfter:
+    """An inner loop that counts steps and raises ``signum`` after ``calls`` calls."""
+
+    def __init__(self, optimizer, calls: int, signum: int):
+        self.optimizer, self.left, self.signum, self.calls = optimizer, calls, signum, []
+
+    def train(self, iterator, steps: int):
+        self.calls.append(steps)
+        self.optimizer.iterations.assign_add(steps)
+        self.left -= 1
+        if self.left == 0:
+            os.kill(os.getpid(), self.signum)  # handled before the next bytecode
+        return {"loss": 0.5, "accuracy": 0.75}
+
+    def reset(self) -> None:
+        pass
+
+
+def _controller(tmp_path, signals):
+    config = TrainConfig(data="-", model_dir=str(tmp_path), epochs=2, log_every=6,
+                         steps_per_execution=2)
+    strategy = tf.distribute.get_strategy()
+    model, optimizer = model_lib.build(config, strategy, total_steps=16)
+    evaluator = lambda: {"test_loss": 0.25, "test_accuracy": 0.875, "test_examples": 7}
+    return controller_lib.Controller(config, strategy, model, optimizer, 8, evaluator,
+                                     print_steps=False, signals=signals), optimizer
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_at_the_next_call_with_a_checkpoint(tmp_path, signum, capfd):
+    signals = preemption.StopSignals()
+    controller, optimizer = _controller(tmp_path, signals)
+    signals.watch()
+    inner = _SignalAfter(optimizer, calls=2, signum=signum)
+    try:
+        controller.restore()
+        with pytest.raises(preemption.Stopped) as stopped:
+            controller.train(inner, iterator=None)
+    finally:
+        controller.close()
+    assert inner.calls == [2, 2]  # one steps_per_execution call at a time
+    assert stopped.value.exit_status == 128 + signum
+    path = os.path.join(str(tmp_path), "checkpoints", "ckpt-4")
+    assert str(stopped.value) == (f"{signal.Signals(signum).name} received: stopped at "
+                                  f"step 4/16, saved {path}; rerun the same command to resume")
+    assert tf.train.latest_checkpoint(os.path.join(str(tmp_path), "checkpoints")) == path
+    assert f"{signal.Signals(signum).name} received: stopping" in capfd.readouterr().err
+    assert signal.getsignal(signum) is not signals._handle  # released on close
+
+
+def test_a_second_signal_stops_at_once_without_saving():
+    signals = preemption.StopSignals()
+    signals.watch()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert signals.received == signal.SIGTERM
+        with pytest.raises(preemption.Stopped, match="received twice"):
+            os.kill(os.getpid(), signal.SIGTERM)
+    finally:
+        signals.release()
+
+
+@pytest.mark.parametrize("spe, per_call, every, steps", [
+    (125, 50, 10, [50, 100, 175]),  # the cpu preset's calls: 10 rounds up to 50
+    (25, 4, 10, [12, 20, 33]),      # a call crossing a multiple saves at its end
+    (25, 1, 10, [10, 20, 30]),      # one step per call: the exact multiples
+    (25, 50, 10, []),               # an epoch is one call: epoch ends only
+    (25, 4, 0, []),
+])
+def test_keras_checkpoint_steps(spe, per_call, every, steps):
+    assert keras_loop.checkpoint_steps(spe, per_call, every) == steps
+
+
+def test_keras_logs_and_writes_its_checkpoint_cadence(trainer_dataset, tmp_path, caplog):
+    config = TrainConfig(data=trainer_dataset(num_train=400, num_test=40),
+                         model_dir=str(tmp_path), loop="keras", epochs=2,
+                         global_batch_size=16, steps_per_execution=4, checkpoint_every=10,
+                         keep_checkpoints=10, verbose=0)
+    with caplog.at_level(logging.INFO, logger="trainer"):
+        train_and_evaluate(config)
+    assert ("Keras checkpoints after the --steps_per_execution=4-step call that crosses "
+            "each multiple of --checkpoint_every=10: steps 12, 20, 33, ... (the custom "
+            "loop: steps 10, 20, 30, ...)") in caplog.text
+    saved = sorted(int(p.name.split("-")[1].split(".")[0])
+                   for p in (tmp_path / "checkpoints").glob("ckpt-*.index"))
+    assert saved == [12, 20, 25, 33, 41, 50]
+
+
+def test_ctrl_c_outside_the_train_steps_is_one_line(monkeypatch, capsys):
+    from trainer import __main__ as cli
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "parse_flags", interrupted)
+    assert cli.main(["--data=d", "--model_dir=m"]) == 130
+    assert capsys.readouterr().err.splitlines() == [
+        "interrupted (SIGINT) outside the training steps; a rerun resumes from the last "
+        "checkpoint, if any"]
