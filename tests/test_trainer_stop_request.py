@@ -107,7 +107,7 @@ def test_keras_logs_and_writes_its_checkpoint_cadence(trainer_dataset, tmp_path,
 def test_ctrl_c_outside_the_train_steps_is_one_line(monkeypatch, capsys):
     from trainer import __main__ as cli
 
-    def interrupted(argv):
+    def interrupted(argv, **settings):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(cli, "parse_flags", interrupted)

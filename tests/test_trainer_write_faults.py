@@ -11,6 +11,7 @@ file remains that a reader could take for a whole one.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -62,10 +63,12 @@ def test_disk_full_at_a_checkpoint(trainer_dataset, small_disk):
 def test_disk_full_at_the_export(trainer_dataset, small_disk):
     model_dir = small_disk / "model"
     line = one_error_line(train(trainer_dataset(**DATASET), model_dir))
-    assert line == (f"error: {model_dir}/export: cannot write the export (No space left "
-                    "on device); training is complete and checkpointed, a rerun exports "
-                    "again")
-    assert sorted(os.listdir(model_dir)) == ["checkpoints", "logs"]  # no half export
+    # The export is written into a staging folder first (`trainer.outputs`).
+    assert re.fullmatch(
+        rf"error: {re.escape(str(model_dir))}/\.export\.new-\w+: cannot write the export "
+        r"\(No space left on device\); training is complete and checkpointed, a rerun "
+        r"exports again", line), line
+    assert sorted(os.listdir(model_dir)) == ["checkpoints", "dataset.json", "logs"]  # no half export
 
 
 def test_read_only_model_dir(trainer_dataset, tmp_path):
@@ -76,5 +79,6 @@ def test_read_only_model_dir(trainer_dataset, tmp_path):
         line = one_error_line(train(trainer_dataset(**DATASET), model_dir))
     finally:
         subprocess.run(["umount", "-l", str(model_dir)], check=False)
-    assert line.startswith(f"error: {model_dir}/logs: cannot write the TensorBoard logs of "
-                           "--model_dir (Read-only file system)"), line
+    # The model_dir lock is the first thing the run writes.
+    assert line == (f"error: {model_dir}/.lock: cannot take the lock of --model_dir "
+                    "(Read-only file system)"), line

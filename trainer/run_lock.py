@@ -39,7 +39,7 @@ import tensorflow as tf
 
 from mnist_contract import join_path
 from mnist_contract import lockfile
-from trainer.errors import TrainerError, summarize_error
+from trainer.errors import TrainerError, os_reason
 
 
 class GfileLockFile:
@@ -121,7 +121,8 @@ def acquire(model_dir: str) -> RunLock:
     try:
         token, holder = lockfile.claim(store, info, model_dir)
     except (OSError, tf.errors.OpError) as e:
-        raise TrainerError(f"{path}: cannot take the lock ({summarize_error(e)})"
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else os_reason(e)
+        raise TrainerError(f"{path}: cannot take the lock of --model_dir ({reason})"
                            ) from None
     if holder is not None:
         raise TrainerError(
