@@ -9,32 +9,22 @@ it resumed and that the intact checkpoints' files are byte-for-byte the same.
 from __future__ import annotations
 
 import os
-import shutil
 
 import pytest
 
-from tests import trainer_data
-from tests.trainer_runs import metrics, one_error, run
+from tests.trainer_runs import copy_of, metrics, one_error, run, two_epoch_run
 
 SPE = ["--steps_per_epoch=4", "--loop=custom"]
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    root = tmp_path_factory.mktemp("damage")
-    data = str(root / "data")
-    trainer_data.write_dataset(data, num_train=40, num_test=20, train_shards=2,
-                               test_shards=1)
-    model_dir = str(root / "trained")
-    assert run(data, model_dir, "--epochs=2", *SPE) == 0
-    return data, model_dir
+    return two_epoch_run(tmp_path_factory.mktemp("damage"))
 
 
 @pytest.fixture
 def model_dir(trained, tmp_path):
-    copy = str(tmp_path / "m")
-    shutil.copytree(trained[1], copy)
-    return copy
+    return copy_of(trained[1], tmp_path)
 
 
 def ckpt(model_dir: str, step: int) -> dict:

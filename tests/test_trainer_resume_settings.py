@@ -3,33 +3,22 @@
 
 from __future__ import annotations
 
-import shutil
 
 import pytest
 
-from tests import trainer_data
-from tests.trainer_runs import metrics, one_error, run
+from tests.trainer_runs import copy_of, metrics, one_error, run, two_epoch_run
 
 LOOP = ["--loop=custom", "--steps_per_epoch=4"]
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    """Two epochs of 4 steps at batch 8, constant learning rate."""
-    root = tmp_path_factory.mktemp("settings")
-    data = str(root / "data")
-    trainer_data.write_dataset(data, num_train=40, num_test=20, train_shards=2,
-                               test_shards=1)
-    model_dir = str(root / "trained")
-    assert run(data, model_dir, "--epochs=2", *LOOP) == 0
-    return data, model_dir
+    return two_epoch_run(tmp_path_factory.mktemp("settings"))
 
 
 @pytest.fixture
 def model_dir(trained, tmp_path):
-    copy = str(tmp_path / "m")
-    shutil.copytree(trained[1], copy)
-    return copy
+    return copy_of(trained[1], tmp_path)
 
 
 @pytest.mark.parametrize("flag, saved", [

@@ -46,3 +46,24 @@ def one_error(capsys) -> str:
 def metrics(model_dir: str) -> dict:
     with open(os.path.join(model_dir, "metrics.json")) as f:
         return json.load(f)
+
+
+def two_epoch_run(root) -> tuple[str, str]:
+    """(data, model_dir): two custom-loop epochs of 4 steps at batch 8 on a
+    small dataset under ``root``, leaving ckpt-4 and ckpt-8."""
+    from tests import trainer_data
+    data = str(root / "data")
+    trainer_data.write_dataset(data, num_train=40, num_test=20, train_shards=2,
+                               test_shards=1)
+    model_dir = str(root / "trained")
+    assert run(data, model_dir, "--epochs=2", "--loop=custom", "--steps_per_epoch=4") == 0
+    return data, model_dir
+
+
+def copy_of(model_dir: str, tmp_path) -> str:
+    """A copy of ``model_dir`` for one test to change."""
+    import shutil
+    copy = str(tmp_path / "m")
+    shutil.copytree(model_dir, copy)
+    return copy
+
