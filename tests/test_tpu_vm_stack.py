@@ -19,6 +19,8 @@ import os
 import re
 import shlex
 import subprocess
+import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -193,3 +195,32 @@ def test_trainer_tests_pass_on_the_tpu_build(stack, tmp_path):
     summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     assert re.search(r"\d+ passed", summary) and "failed" not in summary, summary
+
+
+@pytest.mark.slow
+def test_the_gs_round_trip_through_the_tpu_builds_gcs_client(stack, gcs_tls, tmp_path):
+    """TensorFlow 2.20's own gs:// client, the one a TPU VM uses, against the
+    local GCS server (`tests.gcs_tls`): the installed trainer trains from and
+    into gs:// and its export, read back by predict, matches metrics.json."""
+    from tests.helpers import EMULATOR_BUCKET
+    root = f"gs://{EMULATOR_BUCKET}/stack-{uuid.uuid4().hex[:8]}"
+    out = gcs_tls.run([sys.executable, "-m", "pipeline", f"--output={root}/mnist",
+                       "--source=sample", "--runner=DirectRunner"], timeout=120, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-3000:]
+    gcs = {k: v for k, v in gcs_tls.env().items() if os.environ.get(k) != v
+           and k not in ("PATH", "HOME") and not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    flags = [f"--data={root}/mnist", f"--model_dir={root}/model"]
+    proc = run_on_host(stack, ["-m", "trainer", *flags, "--preset=smoke", "--epochs=1",
+                               "--steps_per_epoch=5", "--global_batch_size=32", "--verbose=0"],
+                       tmp_path, timeout=300, TPU_LOAD_LIBRARY="0", **gcs)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    metrics = json.loads(gcs_tls.emulator.download(
+        f"{root[len(f'gs://{EMULATOR_BUCKET}/'):]}/model/metrics.json"))
+    proc = run_on_host(stack, ["-m", "trainer.predict", f"--model_dir={root}/model",
+                               f"--data={root}/mnist", "--split=test"],
+                       tmp_path, timeout=300, TPU_LOAD_LIBRARY="0", **gcs)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    correct, total = map(int, re.search(r"^accuracy=[\d.]+ \((\d+)/(\d+)\) on split test$",
+                                        proc.stdout, re.M).groups())
+    assert total == metrics["test_examples"] == 1000
+    assert correct == round(metrics["test_accuracy"] * total)
