@@ -69,3 +69,36 @@ def test_kill_while_exporting_leaves_a_consistent_pair(tmp_path):
     with open(os.path.join(model_dir, "export", "trainer_export.json")) as f:
         assert json.load(f)["export_id"] == final["export_id"]
     assert not glob.glob(os.path.join(model_dir, ".export.*"))
+
+
+def test_a_failed_commit_is_one_line_and_the_rerun_commits(tmp_path, monkeypatch, capsys):
+    """Storage failing at the commit point (metrics.json) ends the run with one
+    line; nothing is committed, and the same command again exports and commits."""
+    import tensorflow as tf
+    from trainer import __main__ as cli, outputs
+    data, model_dir = str(tmp_path / "data"), str(tmp_path / "m")
+    trainer_data.write_dataset(data, num_train=64, num_test=20, train_shards=1,
+                               test_shards=1)
+    argv = [f"--data={data}", f"--model_dir={model_dir}", "--preset=smoke", "--epochs=1",
+            "--global_batch_size=16", "--steps_per_execution=2", "--verbose=0"]
+    write_text = outputs.write_text
+
+    def full_disk_at_metrics(path, text):
+        if path.endswith(outputs.METRICS):
+            raise tf.errors.ResourceExhaustedError(
+                None, None, f"{path}.tmp; No space left on device")
+        write_text(path, text)
+
+    monkeypatch.setattr(outputs, "write_text", full_disk_at_metrics)
+    assert cli.main(argv) == 1
+    errors = [l for l in capsys.readouterr().err.splitlines() if l.startswith("error:")]
+    assert errors == [f"error: {model_dir}/metrics.json: cannot commit the export and metrics "
+                      "(No space left on device); training is complete and checkpointed, "
+                      "a rerun exports again"]
+    assert not os.path.exists(os.path.join(model_dir, "metrics.json"))
+    code, line = predict_accuracy(model_dir, data)
+    assert code == 1 and "not committed" in line, line
+    monkeypatch.setattr(outputs, "write_text", write_text)
+    assert cli.main(argv) == 0
+    code, line = predict_accuracy(model_dir, data)
+    assert code == 0 and line.startswith(f"accuracy={metrics(model_dir)['test_accuracy']:.4f} ")

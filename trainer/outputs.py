@@ -157,7 +157,6 @@ def discard_stale_exports(model_dir: str) -> None:
         tf.io.gfile.rmtree(path)
 
 
-
 def discard_partial(path: str) -> str:
     """Removes what a failed save left at ``path``; "" when gone, else the
     clause that names it (``; remove the partial PATH``) for the error line."""

@@ -34,7 +34,7 @@ from trainer import keras_loop
 from trainer import model as model_lib, outputs, preemption, strategy as strategy_lib, summaries
 from trainer.evaluator import Evaluator
 from trainer.config import TrainConfig
-from trainer.errors import TrainerError, summarize_error
+from trainer.errors import TrainerError, os_reason, summarize_error
 
 log = logging.getLogger(__name__)
 
@@ -86,11 +86,26 @@ def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict
         if lock is not None:
             pin.check()
             lock.check_held(config.model_dir)
-            outputs.commit_export(config.model_dir, result.pop("staged"), metrics)
+            _commit(config.model_dir, result.pop("staged"), metrics)
     finally:
         if lock is not None:
             lock.release()
     return metrics
+
+
+def _commit(model_dir: str, staged: str, metrics: dict) -> None:
+    """`trainer.outputs.commit_export`, a storage failure as one line.
+
+    Until ``metrics.json`` is written nothing is committed (predict refuses
+    an export it does not name), and the checkpoints are complete, so a rerun
+    of the same command evaluates and exports again.
+    """
+    try:
+        outputs.commit_export(model_dir, staged, metrics)
+    except (tf.errors.OpError, OSError) as e:
+        raise TrainerError(f"{join_path(model_dir, outputs.METRICS)}: cannot commit the "
+                           f"export and metrics ({os_reason(e)}); training is complete "
+                           "and checkpointed, a rerun exports again") from None
 
 
 @dataclasses.dataclass(frozen=True)
