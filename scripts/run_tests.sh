@@ -22,8 +22,8 @@ export PYTHONDONTWRITEBYTECODE=1
 # TEST_WORKERS pytest processes (default 2; 0: this process only), each
 # taking whole files (--dist loadfile, so module-scoped fixtures such as the
 # two-replica training run once). On two cores the trainer tests' TensorFlow
-# start-ups and training overlap the pipeline tests' Python work and waits:
-# 5 min instead of 8.5 min for the whole suite.
+# start-ups and training overlap the pipeline tests' Python work and waits
+# (suite times: docs/benchmarks.md).
 workers=()
 if "$PYTHON" -c "import xdist" 2>/dev/null; then
   workers=(-n "${TEST_WORKERS:-2}" --dist loadfile)

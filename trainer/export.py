@@ -4,12 +4,12 @@ What ``export_model`` writes, and why:
 
 * The saved Keras model is the *inference* model: ``uint8 [N,28,28,1]`` →
   ``/255`` → the trained layers → float32 logits. Normalizing inside means
-  a caller passes pixels as they come (raw 0-255 input used to run without
-  complaint and give wrong answers). Augmentation layers are left out (they
+  a caller passes pixels as they come (a model that expected [0, 1] would
+  take raw 0-255 input without complaint and answer wrongly). Augmentation layers are left out (they
   do nothing at inference), so the export holds only Keras' built-in
   layers.
 * It is compiled with Keras' standard loss and accuracy metric, never the
-  trainer's own metrics (a custom metric class in the SavedModel made
+  trainer's own metrics (a custom metric class in the SavedModel makes
   ``tf_keras.models.load_model`` fail without ``custom_objects``), so it
   loads ready to ``evaluate`` or fine-tune.
 * The ``serving_default`` signature takes ``images``: uint8 ``[N,28,28]``
