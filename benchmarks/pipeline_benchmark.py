@@ -161,7 +161,7 @@ def compare(work: Path, factor: int, bar: float, repeats: int) -> None:
 
 
 def scale(work: Path, gigabytes: float) -> None:
-    print(f"Scale (synthetic, DirectRunner, target 100 MB shards):")
+    print("Scale (synthetic, DirectRunner, target 100 MB shards):")
     for fraction in (0.5, 1.0):
         records = int(gigabytes * fraction * 1e9 / RECORD_BYTES)
         out = work / f"scale-{fraction}"

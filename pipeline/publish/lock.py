@@ -27,9 +27,8 @@ from __future__ import annotations
 import time
 
 import mnist_contract as contract
-from mnist_contract.lockfile import (HEARTBEAT_SECONDS, LOCK_FILE,  # noqa: F401
-                                     STALE_SECONDS, HeldLock, LocalLockFile, LockInfo,
-                                     claim, dead_reason)
+from mnist_contract.lockfile import (LOCK_FILE, STALE_SECONDS, HeldLock, LocalLockFile,
+                                     LockInfo, claim)
 
 from pipeline import _compat, storage
 from pipeline.errors import PipelineInputError
