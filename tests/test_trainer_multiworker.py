@@ -19,58 +19,21 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
 import mnist_contract as contract
-from tests import trainer_data
-from tests.helpers import REPO
+from tests import trainer_data, trainer_runs
 
 pytestmark = pytest.mark.slow
 
 
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("localhost", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
 def run_workers(argv_for, timeout: int = 240,
                 log_level: bool = True) -> list[tuple[int, str, str, int]]:
-    """Starts two workers (TF_CONFIG on localhost); ``(rc, out, err, pid)`` each.
-
-    ``log_level=False``: without TF_CPP_MIN_LOG_LEVEL, as a user starts them
-    (``python -m trainer`` then mutes TensorFlow's start-up itself).
-    """
-    cluster = {"worker": [f"localhost:{p}" for p in free_ports(2)]}
-    procs = []
-    for index in range(2):
-        env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
-        if log_level:
-            env["TF_CPP_MIN_LOG_LEVEL"] = "2"
-        env["TF_CONFIG"] = json.dumps(
-            {"cluster": cluster, "task": {"type": "worker", "index": index}})
-        procs.append(subprocess.Popen(
-            [sys.executable, *argv_for(index)], cwd=REPO, env=env,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    results = []
-    for proc in procs:
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            for p in procs:
-                p.kill()
-            raise
-        results.append((proc.returncode, out, err, proc.pid))
-    return results
+    """Two workers (`tests.trainer_runs.start_workers`) to their end; ``(rc, out, err, pid)`` each."""
+    return trainer_runs.finish_workers(
+        trainer_runs.start_workers(argv_for, log_level=log_level), timeout)
 
 
 # Each worker: the trainer's strategy and input builders, one epoch of its local

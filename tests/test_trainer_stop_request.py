@@ -115,3 +115,23 @@ def test_ctrl_c_outside_the_train_steps_is_one_line(monkeypatch, capsys):
     assert capsys.readouterr().err.splitlines() == [
         "interrupted (SIGINT) outside the training steps; a rerun resumes from the last "
         "checkpoint, if any"]
+
+
+def test_workers_decide_from_what_every_worker_received():
+    """`StopSignals.requested` with a worker exchange (`share`): every worker stops
+    if any one was signalled, and names whether the signal was its own."""
+    signals = preemption.StopSignals()
+    sent = []
+
+    def peers(*others):
+        def share(values):
+            sent.append(list(values))
+            return [list(values), *([v] for v in others)]
+        return share
+
+    assert signals.requested(peers(0, 0)) is None
+    assert signals.requested(peers(0, signal.SIGTERM)) == (signal.SIGTERM, False)
+    signals.received = signal.SIGINT
+    assert signals.requested(peers(signal.SIGTERM)) == (signal.SIGINT, True)
+    assert signals.requested() == (signal.SIGINT, True)  # one process: no exchange
+    assert sent == [[0], [0], [signal.SIGINT]]

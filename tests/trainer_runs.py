@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -67,3 +68,50 @@ def copy_of(model_dir: str, tmp_path) -> str:
     shutil.copytree(model_dir, copy)
     return copy
 
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("localhost", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def start_workers(argv_for, log_level: bool = True, count: int = 2
+                  ) -> list[subprocess.Popen]:
+    """``count`` worker processes of one cluster (TF_CONFIG on localhost);
+    ``argv_for(index)``: worker ``index``'s arguments after the interpreter.
+
+    ``log_level=False``: without TF_CPP_MIN_LOG_LEVEL, as a user starts them
+    (``python -m trainer`` then mutes TensorFlow's start-up itself).
+    """
+    cluster = {"worker": [f"localhost:{p}" for p in free_ports(count)]}
+    procs = []
+    for index in range(count):
+        env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+        if log_level:
+            env["TF_CPP_MIN_LOG_LEVEL"] = "2"
+        env["TF_CONFIG"] = json.dumps(
+            {"cluster": cluster, "task": {"type": "worker", "index": index}})
+        procs.append(subprocess.Popen(
+            [sys.executable, *argv_for(index)], cwd=REPO, env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    return procs
+
+
+def finish_workers(procs: list[subprocess.Popen], timeout: int = 240
+                   ) -> list[tuple[int, str, str, int]]:
+    """Waits for every worker; ``(rc, out, err, pid)`` each (all killed on a timeout)."""
+    results = []
+    for proc in procs:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            raise
+        results.append((proc.returncode, out, err, proc.pid))
+    return results

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import time
 from typing import Callable, Mapping, Protocol
 
@@ -45,7 +46,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from mnist_contract import join_path
-from trainer import checkpoints, outputs, resume, summaries
+from trainer import checkpoints, outputs, resume, strategy as strategy_lib, summaries
 from trainer.config import TrainConfig
 from trainer.evaluator import Evaluator
 from trainer.errors import TrainerError, os_reason
@@ -104,6 +105,10 @@ class Controller:
                                f"({os_reason(e)})") from None
         self.history: dict[str, list[float]] = {k: [] for k in HISTORY_KEYS}
         self.step = self.start_step = 0
+        self._saved_step: int | None = None
+        # Multi-worker: how the workers agree on the step they start from and
+        # on stopping (`trainer.strategy.gather_from_workers`); None elsewhere.
+        self._share = strategy_lib.gather_from_workers(strategy)
         self.result: dict = {}
         self._logged_step, self._logged_time = 0, time.perf_counter()
         self._profiling = False
@@ -122,26 +127,53 @@ class Controller:
 
     def restore(self) -> int:
         """Restores the newest checkpoint that restores (`trainer.checkpoints`);
-        returns the step to start from."""
-        directory = self.manager.directory
-        checkpoints.clean_temp(directory)
-        latest, damaged = checkpoints.restore_newest(directory, self._restore)
+        returns the step to start from.
+
+        Every worker restores from the chief's ``model_dir/checkpoints`` (the
+        others save to scratch folders), so under multi-worker training
+        ``model_dir`` must be storage all workers read, such as gs://; the
+        workers then check they start from the same step. Only the chief
+        repairs the state file; with ``--restart`` (the chief has deleted the
+        checkpoints) the others restore nothing.
+        """
+        chief = strategy_lib.is_chief(self.strategy)
+        directory = join_path(self.config.model_dir, outputs.CHECKPOINTS)
+        checkpoints.clean_temp(self.manager.directory)
+        latest = ""
+        if chief or not self.config.restart:
+            latest, damaged = checkpoints.restore_newest(directory, self._restore)
         if latest:
-            checkpoints.repair_state(directory, latest, damaged)
-            self.manager = self._new_manager()  # reads the repaired state file
+            if chief:
+                checkpoints.repair_state(directory, latest, damaged)
+            # For the restored checkpoint object; on the chief it reads the
+            # repaired state file.
+            self.manager = self._new_manager()
             log.info("restored %s", latest)
         self.step = self.start_step = int(self.optimizer.iterations.numpy())
+        self._saved_step = self.start_step if latest else None
+        self._check_same_start(directory)
         if self.start_step:
             print(f"resuming at step {self.start_step}/{self.total_steps}", flush=True)
         self._logged_step, self._logged_time = self.step, time.perf_counter()
         self._profile(self.step)  # --profile_steps=1,N: from the first step
         return self.start_step
 
+    def _check_same_start(self, directory: str) -> None:
+        """Multi-worker: raises on every worker unless all start at one step."""
+        if self._share is None:
+            return
+        steps = sorted({row[0] for row in self._share([self.start_step])})
+        if len(steps) > 1:
+            raise TrainerError(
+                f"{directory}: the workers would resume at different steps "
+                f"({', '.join(map(str, steps))}); every worker must read the chief's "
+                "--model_dir (shared storage, such as gs://)")
+
     def _restore(self, prefix: str) -> None:
         """Restores ``prefix`` after checking its settings; raises if it is damaged."""
         saved = _saved_state(prefix)
         resume.check_settings(saved, self.config, self.steps_per_epoch,
-                              int(prefix.rsplit("-", 1)[1]), self.manager.directory)
+                              int(prefix.rsplit("-", 1)[1]), prefix.rsplit("/", 1)[0])
         self.checkpoint = self._new_checkpoint()
         self.checkpoint.restore(prefix).assert_existing_objects_matched()
         self.history = {k: list(saved.get("history", {}).get(k, [])) for k in HISTORY_KEYS}
@@ -218,15 +250,22 @@ class Controller:
         self.stop_if_asked()
 
     def stop_if_asked(self) -> None:
-        """On a stop signal: saves this step (unless saved) and raises `Stopped`."""
-        if self.signals is None or self.signals.received is None:
+        """On a stop signal (to this or, multi-worker, any worker): saves this
+        step (unless saved) and raises `Stopped`."""
+        if self.signals is None:
             return
-        if self.manager.latest_checkpoint != self._checkpoint_path():
+        request = self.signals.requested(self._share)
+        if request is None:
+            return
+        signum, here = request
+        if self._saved_step != self.step:
             self._save()
-        raise Stopped(self.signals.received,
-                      f"{self.signals.name} received: stopped at step "
-                      f"{self.step}/{self.total_steps}, saved {self._checkpoint_path()}; "
-                      "rerun the same command to resume")
+        raise Stopped(signum,
+                      f"{signal.Signals(signum).name} received"
+                      f"{'' if here else ' by another worker'}: stopped at step "
+                      f"{self.step}/{self.total_steps}, saved "
+                      f"{join_path(self.config.model_dir, outputs.CHECKPOINTS)}/ckpt-{self.step}"
+                      "; rerun the same command to resume")
 
     def evaluate(self) -> dict:
         """Evaluates, checking before and after that the data is still the run's."""
@@ -284,6 +323,7 @@ class Controller:
             self.manager.save(checkpoint_number=self.step)
         except tf.errors.OpError as e:
             raise self._save_error(e) from None
+        self._saved_step = self.step
 
     def _save_error(self, error: tf.errors.OpError) -> TrainerError:
         """Removes the half-written checkpoint (``ckpt-N_temp``, or names it if

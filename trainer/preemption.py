@@ -9,16 +9,28 @@ shell reports a process the signal ended). Rerunning the same command
 resumes from that checkpoint exactly as after a kill. A second signal stops
 at once, without saving (the last checkpoint on disk stays the resume point).
 
-Why not ``tf.distribute.experimental.PreemptionCheckpointHandler``: it
+Under multi-worker training the signal reaches one worker (the VM or pod
+being preempted) while the others train on inside the same collectives, so
+the workers decide together: at every boundary they exchange what each
+received (`StopSignals.requested`, one all-gather of an integer), and all
+stop at the same step, each saving the checkpoint of that step (the
+chief's in ``model_dir``, the one a rerun resumes from on every worker).
+Every worker exits with the same status; the others' line says the signal
+reached another worker.
+
+Why not ``tf.distribute.experimental.PreemptionCheckpointHandler`` (checked
+against TF 2.21.0 ``failure_handling.py``): its ``save_checkpoint_if_preempted``
+does nothing on Compute Engine CPU and TPU VMs (it logs that it "does not
+support usage with TPU or CPU device on GCP"), and on Compute Engine GPU
+VMs it watches the metadata server's maintenance event, not SIGTERM. It
 supports only ``MultiWorkerMirroredStrategy`` and ``TPUStrategy`` (not the
-default or ``MirroredStrategy`` runs), restores and names checkpoints by its
-own count of ``run`` calls rather than the optimizer step, exits the process
-itself from inside ``run``, and cannot wrap ``Model.fit``'s steps (Keras
-reaches it only through ``BackupAndRestore``, which mis-counts steps with
-``steps_per_execution > 1``; see docs/trainer.md). Under multi-worker
-training the signals are left alone: one worker saving on its own would
-leave the others waiting in the save's collectives; a preempted worker ends
-at once and the rerun resumes from the last checkpoint.
+default or ``MirroredStrategy`` runs), replaces the process's SIGTERM
+handler and leaves SIGINT alone, restores the checkpoint the state file
+names when it is created (a damaged state file or newest checkpoint would
+bypass `trainer.checkpoints`), adds its own counter of ``run`` calls to the
+checkpoint, exits the process itself, and cannot wrap ``Model.fit``'s steps
+(Keras reaches it only through ``BackupAndRestore``, which mis-counts steps
+with ``steps_per_execution > 1``; see docs/trainer.md).
 """
 
 from __future__ import annotations
@@ -26,7 +38,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
 EXIT_STATUS = {signal.SIGTERM: 128 + signal.SIGTERM, signal.SIGINT: 128 + signal.SIGINT}
 
@@ -58,6 +70,24 @@ class StopSignals:
     def name(self) -> str:
         """The received signal's name (``SIGTERM``); only once one was received."""
         return signal.Signals(self.received).name
+
+    def requested(self, share: Optional[Callable[[Sequence[int]], list]] = None
+                  ) -> Optional[tuple[int, bool]]:
+        """The signal to stop on and whether this process received it; None: go on.
+
+        ``share`` (`trainer.strategy.gather_from_workers`, multi-worker runs):
+        every worker calls this at the same boundaries and they decide from
+        the same gathered rows, so all stop at the same step if any one was
+        signalled. The decision uses one reading of `received`: a signal
+        arriving meanwhile is seen at the next boundary, by every worker.
+        """
+        mine = self.received
+        if share is None:
+            return None if mine is None else (mine, True)
+        received = [row[0] for row in share([mine or 0]) if row[0]]
+        if not received:
+            return None
+        return (mine, True) if mine is not None else (received[0], False)
 
     def release(self) -> None:
         """The signals act as before `watch` again."""

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
@@ -253,6 +253,27 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
         return True
     has_chief = "chief" in resolver.cluster_spec().as_dict()
     return task_type == "worker" and task_id == 0 and not has_chief
+
+
+def gather_from_workers(strategy: tf.distribute.Strategy
+                        ) -> Optional[Callable[[Sequence[int]], list[list[int]]]]:
+    """A function giving every replica's copy of the integers its worker passes
+    (one row per replica, all workers), or None off multi-worker training.
+
+    It is a collective: every worker calls it at the same point of the run
+    or all of them wait. Workers agree through it on what one of them alone
+    knows (a stop signal, the checkpoint it restored).
+    """
+    if not is_multi_worker(strategy):
+        return None
+
+    @tf.function
+    def gather(values):
+        return strategy.gather(strategy.run(tf.identity, args=(values,)), axis=0)
+
+    def rows(values: Sequence[int]) -> list[list[int]]:
+        return gather(tf.constant([list(values)], tf.int64)).numpy().tolist()
+    return rows
 
 
 def public_name(strategy: tf.distribute.Strategy) -> str:

@@ -224,17 +224,14 @@ def _run(run: _Run, callbacks: Sequence) -> dict:
     evaluator = Evaluator(
         strategy, model, test_ds, eval_steps, expected_examples=test_files.num_examples,
         origin=join_path(config.data, contract.MANIFEST_FILE))
-    # Multi-worker: no stop requests (see trainer.preemption).
-    signals = (None if strategy_lib.is_multi_worker(strategy)
-               else preemption.StopSignals())
+    signals = preemption.StopSignals()
     controller = controller_lib.Controller(
         config, strategy, model, optimizer, run.steps_per_epoch, evaluator,
         print_steps=config.loop == "custom",  # Keras prints its own progress
         check_inputs=run.pin.check, signals=signals)
     outputs.log_write_dirs(config.model_dir, strategy)
     try:
-        if signals is not None:
-            signals.watch()  # until controller.close()
+        signals.watch()  # until controller.close()
         controller.restore()
         controller.log_start(summaries.train_preview(config, model, train_files))
         if config.loop == "keras":
