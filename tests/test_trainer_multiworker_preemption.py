@@ -79,12 +79,12 @@ def test_sigterm_to_one_worker_stops_both_at_one_step_and_the_rerun_matches(
         elsewhere = str(tmp_path / "elsewhere")
         refused = trainer_runs.finish_workers(trainer_runs.start_workers(
             _argv(dataset, loop, lambda i: model_dir if i == 0 else elsewhere)))
-        for (rc, _, err, _), own in zip(refused, (model_dir, elsewhere)):
+        for (rc, _, err, _), own, start in zip(refused, (model_dir, elsewhere), (step, 0)):
             assert rc == 1, err[-4000:]
             assert trainer_runs.errors(err) == [
                 f"error: {own}/checkpoints: the workers would resume at different steps "
-                f"(0, {step}); every worker must read the chief's --model_dir (shared "
-                "storage, such as gs://)"]
+                f"(this one at {start}); every worker must read the chief's --model_dir "
+                "(shared storage, such as gs://)"]
         assert saved_step(model_dir) == step  # nothing trained, nothing saved
 
     outs = _ok(trainer_runs.finish_workers(

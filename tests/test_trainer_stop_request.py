@@ -118,20 +118,22 @@ def test_ctrl_c_outside_the_train_steps_is_one_line(monkeypatch, capsys):
 
 
 def test_workers_decide_from_what_every_worker_received():
-    """`StopSignals.requested` with a worker exchange (`share`): every worker stops
-    if any one was signalled, and names whether the signal was its own."""
+    """`StopSignals.requested` with a worker exchange (`share`: sums over the
+    replicas): every worker stops if any one was signalled, and says whether
+    the signal was its own."""
     signals = preemption.StopSignals()
     sent = []
 
-    def peers(*others):
+    def others(terms, interrupts):
         def share(values):
-            sent.append(list(values))
-            return [list(values), *([v] for v in others)]
+            sent.append([float(v) for v in values])
+            return [values[0] + terms, values[1] + interrupts]
         return share
 
-    assert signals.requested(peers(0, 0)) is None
-    assert signals.requested(peers(0, signal.SIGTERM)) == (signal.SIGTERM, False)
+    assert signals.requested(others(0, 0)) is None
+    assert signals.requested(others(1, 0)) == (signal.SIGTERM, False)
+    assert signals.requested(others(0, 2)) == (signal.SIGINT, False)
     signals.received = signal.SIGINT
-    assert signals.requested(peers(signal.SIGTERM)) == (signal.SIGINT, True)
+    assert signals.requested(others(1, 0)) == (signal.SIGINT, True)
     assert signals.requested() == (signal.SIGINT, True)  # one process: no exchange
-    assert sent == [[0], [0], [signal.SIGINT]]
+    assert sent == [[0, 0], [0, 0], [0, 0], [0, 1]]

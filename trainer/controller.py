@@ -107,8 +107,8 @@ class Controller:
         self.step = self.start_step = 0
         self._saved_step: int | None = None
         # Multi-worker: how the workers agree on the step they start from and
-        # on stopping (`trainer.strategy.gather_from_workers`); None elsewhere.
-        self._share = strategy_lib.gather_from_workers(strategy)
+        # on stopping (`trainer.strategy.sum_over_replicas`); None elsewhere.
+        self._share = strategy_lib.sum_over_replicas(strategy)
         self.result: dict = {}
         self._logged_step, self._logged_time = 0, time.perf_counter()
         self._profiling = False
@@ -159,14 +159,15 @@ class Controller:
         return self.start_step
 
     def _check_same_start(self, directory: str) -> None:
-        """Multi-worker: raises on every worker unless all start at one step."""
+        """Multi-worker: raises on every worker unless all start at one step
+        (steps s_i of n replicas are all equal iff n * sum(s_i^2) == sum(s_i)^2)."""
         if self._share is None:
             return
-        steps = sorted({row[0] for row in self._share([self.start_step])})
-        if len(steps) > 1:
+        total, squares = self._share([self.start_step, self.start_step ** 2])
+        if self.strategy.num_replicas_in_sync * squares != total ** 2:
             raise TrainerError(
-                f"{directory}: the workers would resume at different steps "
-                f"({', '.join(map(str, steps))}); every worker must read the chief's "
+                f"{directory}: the workers would resume at different steps (this one "
+                f"at {self.start_step}); every worker must read the chief's "
                 "--model_dir (shared storage, such as gs://)")
 
     def _restore(self, prefix: str) -> None:

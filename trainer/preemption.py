@@ -12,7 +12,7 @@ at once, without saving (the last checkpoint on disk stays the resume point).
 Under multi-worker training the signal reaches one worker (the VM or pod
 being preempted) while the others train on inside the same collectives, so
 the workers decide together: at every boundary they exchange what each
-received (`StopSignals.requested`, one all-gather of an integer), and all
+received (`StopSignals.requested`, one all-reduce of two numbers), and all
 stop at the same step, each saving the checkpoint of that step (the
 chief's in ``model_dir``, the one a rerun resumes from on every worker).
 Every worker exits with the same status; the others' line says the signal
@@ -71,23 +71,26 @@ class StopSignals:
         """The received signal's name (``SIGTERM``); only once one was received."""
         return signal.Signals(self.received).name
 
-    def requested(self, share: Optional[Callable[[Sequence[int]], list]] = None
+    def requested(self, share: Optional[Callable[[Sequence[float]], list]] = None
                   ) -> Optional[tuple[int, bool]]:
         """The signal to stop on and whether this process received it; None: go on.
 
-        ``share`` (`trainer.strategy.gather_from_workers`, multi-worker runs):
+        ``share`` (`trainer.strategy.sum_over_replicas`, multi-worker runs):
         every worker calls this at the same boundaries and they decide from
-        the same gathered rows, so all stop at the same step if any one was
-        signalled. The decision uses one reading of `received`: a signal
-        arriving meanwhile is seen at the next boundary, by every worker.
+        the same sums of what each received, so all stop at the same step if
+        any one was signalled. The decision uses one reading of `received`:
+        a signal arriving meanwhile is seen at the next boundary, by every
+        worker.
         """
         mine = self.received
         if share is None:
             return None if mine is None else (mine, True)
-        received = [row[0] for row in share([mine or 0]) if row[0]]
-        if not received:
-            return None
-        return (mine, True) if mine is not None else (received[0], False)
+        terms, interrupts = share([mine == signal.SIGTERM, mine == signal.SIGINT])
+        if mine is not None:
+            return mine, True
+        if terms or interrupts:
+            return (signal.SIGTERM if terms else signal.SIGINT), False
+        return None
 
     def release(self) -> None:
         """The signals act as before `watch` again."""

@@ -255,25 +255,27 @@ def is_chief(strategy: tf.distribute.Strategy) -> bool:
     return task_type == "worker" and task_id == 0 and not has_chief
 
 
-def gather_from_workers(strategy: tf.distribute.Strategy
-                        ) -> Optional[Callable[[Sequence[int]], list[list[int]]]]:
-    """A function giving every replica's copy of the integers its worker passes
-    (one row per replica, all workers), or None off multi-worker training.
+def sum_over_replicas(strategy: tf.distribute.Strategy
+                      ) -> Optional[Callable[[Sequence[float]], list[float]]]:
+    """A function giving the sums over all replicas (of all workers) of the
+    numbers each worker passes, or None off multi-worker training.
 
     It is a collective: every worker calls it at the same point of the run
     or all of them wait. Workers agree through it on what one of them alone
-    knows (a stop signal, the checkpoint it restored).
+    knows (a stop signal, the checkpoint it restored). An all-reduce: the
+    cheapest collective, it runs at every call boundary (docs/trainer.md).
     """
     if not is_multi_worker(strategy):
         return None
 
     @tf.function
-    def gather(values):
-        return strategy.gather(strategy.run(tf.identity, args=(values,)), axis=0)
+    def total(values):
+        per_replica = strategy.run(tf.identity, args=(values,))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
 
-    def rows(values: Sequence[int]) -> list[list[int]]:
-        return gather(tf.constant([list(values)], tf.int64)).numpy().tolist()
-    return rows
+    def sums(values: Sequence[float]) -> list[float]:
+        return total(tf.constant(list(values), tf.float64)).numpy().tolist()
+    return sums
 
 
 def public_name(strategy: tf.distribute.Strategy) -> str:
