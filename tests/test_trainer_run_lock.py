@@ -3,6 +3,7 @@ a provably dead holder's lock is taken over."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -101,6 +102,27 @@ def test_a_lost_lock_stops_the_commit(model_dir):
     write_lock(model_dir, run_id="intruder")
     with pytest.raises(TrainerError, match="this run lost its lock .*intruder"):
         held.check_held(model_dir)
+    held.release()
+
+
+def test_a_lock_that_cannot_be_read_stops_the_commit(model_dir, monkeypatch):
+    """Storage failing when the run checks its lock before committing: one line."""
+    held = run_lock.acquire(model_dir)
+    if model_dir.startswith("gs://"):
+        from google.api_core.exceptions import ServiceUnavailable
+        failure = ServiceUnavailable("backend unavailable")
+    else:
+        failure = OSError(errno.EIO, "Input/output error")
+
+    def unreadable():
+        raise failure
+    monkeypatch.setattr(held._backend, "read", unreadable)
+    with pytest.raises(TrainerError) as e:
+        held.check_held(model_dir)
+    reason = "503 Service Unavailable" if model_dir.startswith("gs://") else "Input/output error"
+    assert str(e.value) == (f"{held.path}: cannot read this run's lock ({reason}); "
+                            "stopped without exporting")
+    monkeypatch.undo()
     held.release()
 
 
