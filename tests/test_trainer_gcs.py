@@ -251,6 +251,17 @@ def test_a_refused_gs_lock_is_one_line(gcs_tls, dataset, root):
                       f"--model_dir (403 Forbidden: {message})"], proc.stderr[-3000:]
 
 
+def test_a_gs_model_dir_in_a_missing_bucket_is_one_line(gcs_tls, dataset):
+    """TensorFlow's makedirs would ask for the missing bucket forever; the
+    run ends at once with one line naming it."""
+    model_dir = "gs://no-such-bucket/model"
+    proc = _run(gcs_tls, "-m", "trainer", f"--data=gs://{EMULATOR_BUCKET}/{dataset}",
+                f"--model_dir={model_dir}", *TRAIN_FLAGS, "--epochs=1")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert _error_lines(proc) == [f"error: {model_dir}: cannot create --model_dir (bucket "
+                                  "gs://no-such-bucket does not exist)"], proc.stderr[-3000:]
+
+
 def test_resuming_a_gs_model_dir_on_other_data_is_refused(gcs_tls, trained, dataset, root):
     """The pinned dataset on gs://: the same records under another manifest
     (other bytes, so another identity) are refused on resume."""
