@@ -2,7 +2,7 @@
 
 The conversion job locks its output (`pipeline.publish.lock`) and the
 trainer its ``model_dir`` (`trainer.run_lock`) the same way, so the shared
-parts live here (standard library only):
+parts live here:
 
 * `LockInfo`: what a lock says of its holder (run id, host, pid, start
   time, heartbeat) and the one line that names it;
@@ -11,6 +11,11 @@ parts live here (standard library only):
 * `LocalLockFile`: the backend for a local disk (``O_CREAT|O_EXCL``; the
   heartbeat is the file's mtime; a takeover renames the stale file aside
   and checks it is still the one judged);
+* `GcsLockObject`: the backend for ``gs://`` (every write conditional on
+  the object's generation), given a google-cloud-storage bucket: the job
+  reaches GCS through Beam's client, the trainer through its own, and this
+  module imports google-api-core only when a GCS lock is used, so it stays
+  importable with the standard library alone;
 * `HeldLock`: a held lock with its heartbeat thread;
 * `claim`: create the lock, or take over a dead holder's.
 
@@ -135,6 +140,74 @@ class LocalLockFile:
                 pass
         os.unlink(aside)
         return same
+
+
+def split_gs_path(path: str) -> tuple[str, str]:
+    """``gs://BUCKET/NAME`` as ``(BUCKET, NAME)``."""
+    bucket, _, name = path[len("gs://"):].partition("/")
+    if not path.startswith("gs://") or not bucket or not name:
+        raise ValueError(f"{path}: not a gs://BUCKET/OBJECT path")
+    return bucket, name
+
+
+class GcsLockObject:
+    """The lock as a GCS object. A token is its generation.
+
+    GCS itself decides every race: the create is conditional on no object
+    existing (``if_generation_match=0``), a heartbeat rewrites only the
+    generation this run wrote and a takeover deletes only the generation
+    judged stale, so of two runs exactly one succeeds and the other is told
+    (HTTP 412). The heartbeat is the one the content carries (``read``
+    reports 0.0: an object's update time is the server's clock, not the
+    holder's). ``bucket`` is a ``google.cloud.storage.Bucket``; ``retry``
+    (a ``google.api_core.retry.Retry``) and ``timeout`` (seconds, or a
+    (connect, read) pair), when given, go with every request, else the
+    library's defaults do.
+    """
+
+    def __init__(self, bucket, name: str, retry=None, timeout=None):
+        self.bucket = bucket
+        self.name = name
+        self._request = {key: value for key, value in
+                         (("retry", retry), ("timeout", timeout)) if value is not None}
+
+    def create(self, data: bytes):
+        from google.api_core import exceptions
+        blob = self.bucket.blob(self.name)
+        try:
+            blob.upload_from_string(data, if_generation_match=0, **self._request)
+        except exceptions.PreconditionFailed:
+            return None
+        return blob.generation
+
+    def read(self):
+        from google.api_core import exceptions
+        try:
+            blob = self.bucket.get_blob(self.name, **self._request)
+            if blob is None:
+                return None
+            generation = blob.generation
+            data = blob.download_as_bytes(if_generation_match=generation, **self._request)
+        except (exceptions.NotFound, exceptions.PreconditionFailed):
+            return None  # gone, or replaced since: the caller tries again
+        return data, generation, 0.0
+
+    def refresh(self, token, data: bytes):
+        from google.api_core import exceptions
+        blob = self.bucket.blob(self.name)
+        try:
+            blob.upload_from_string(data, if_generation_match=token, **self._request)
+        except (exceptions.PreconditionFailed, exceptions.NotFound):
+            return None
+        return blob.generation
+
+    def delete_if(self, token) -> bool:
+        from google.api_core import exceptions
+        try:
+            self.bucket.blob(self.name).delete(if_generation_match=token, **self._request)
+        except (exceptions.PreconditionFailed, exceptions.NotFound):
+            return False
+        return True
 
 
 class HeldLock:

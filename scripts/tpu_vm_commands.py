@@ -33,6 +33,8 @@ DEFAULT_TENSORFLOW = "tensorflow-tpu==2.20.0"
 # has the versions tried); the build itself accepts any libtpu~=0.0.14.
 DEFAULT_LIBTPU = "libtpu==0.0.31"
 PREINSTALLED = "preinstalled"
+# Installed with its dependencies (the project wheel goes in with --no-deps).
+GCS_DISTRIBUTION = "google-cloud-storage"
 LIBTPU_FIND_LINKS = "https://storage.googleapis.com/libtpu-tf-releases/index.html"
 DEFAULT_DIST_DIR = lc.REPO_ROOT / "dist" / "tpu_vm"
 # Where the install check leaves the import's full output on each host.
@@ -43,7 +45,7 @@ CHECK_LOG = f"{REMOTE_DIR}/install-check.log"
 # the process when it does not match (the check below reports that).
 _TF_VERSION = ('TF_VERSION="$(TPU_LOAD_LIBRARY=0 python3 -c '
                '"import tensorflow as tf; print(tf.__version__)")"')
-_IMPORT = ('python3 -c "import tensorflow as tf, tf_keras, trainer; '
+_IMPORT = ('python3 -c "import tensorflow as tf, tf_keras, google.cloud.storage, trainer; '
            'print(tf.__version__, tf_keras.__version__)"')
 _LIBTPU_VERSION = ('LIBTPU_VERSION="$(python3 -m pip show libtpu 2>/dev/null'
                    ' | sed -n "s/^Version: //p")"')
@@ -129,8 +131,20 @@ def _pip_install_tensorflow(cfg: TpuConfig) -> list[str]:
     return [shlex.join(pip)]
 
 
+def _pip_install_gcs(pyproject: Mapping) -> str:
+    """The ``pip install`` of google-cloud-storage (the trainer's gs:// lock),
+    with its dependencies, in the range the trainer extra gives it."""
+    wanted = [r for r in lc.extra_requirements(pyproject, "trainer")
+              if lc.requirement_name(r) == GCS_DISTRIBUTION]
+    if len(wanted) != 1:
+        raise lc.ConfigError(f"pyproject.toml: the trainer extra must list "
+                             f"{GCS_DISTRIBUTION} once, not {len(wanted)} times")
+    return f'python3 -m pip install --user "{wanted[0]}"'
+
+
 def _check_import(cfg: TpuConfig) -> str:
-    """Import TensorFlow with libtpu, tf-keras and the trainer; one line if not.
+    """Import TensorFlow with libtpu, tf-keras, google-cloud-storage and the
+    trainer; one line if not.
 
     A libtpu that does not match TensorFlow aborts the process from C++
     (``F ... NAME not available in this library``, exit 134) while
@@ -170,8 +184,12 @@ def install_script(cfg: TpuConfig, pyproject: Mapping) -> str:
     dependencies would add the CPU-only ``tensorflow`` wheel on top of the
     same import package. Hence ``--no-deps`` for tf-keras (pinned to the
     installed TensorFlow's minor version) and for this project's wheel.
+    google-cloud-storage, which the trainer extra lists for the gs:// lock
+    and TensorFlow does not bring, goes in after TensorFlow with its
+    dependencies, so pip resolves them beside the TensorFlow installed.
     """
-    steps = ["set -e", "cd ~", *_pip_install_tensorflow(cfg), _TF_VERSION]
+    steps = ["set -e", "cd ~", *_pip_install_tensorflow(cfg), _pip_install_gcs(pyproject),
+             _TF_VERSION]
     steps.append('python3 -m pip install --user --no-deps '
                  '"tf-keras~=${TF_VERSION%.*}.0"')
     steps.append(shlex.join(["python3", "-m", "pip", "install", "--user",

@@ -259,11 +259,14 @@ class GcsTlsServer:
                       if any(marker in line for marker in HANDLER_FAILURES)), None)
         return [] if first is None else lines[first:first + 40]
 
-    def run(self, args: list[str], timeout: float, **popen) -> subprocess.CompletedProcess:
-        """Runs ``args`` with `env`; kills it and fails as soon as the server
-        logs a handler exception, or when ``timeout`` seconds have passed."""
+    def run(self, args: list[str], timeout: float, extra_env: dict[str, str] | None = None,
+            **popen) -> subprocess.CompletedProcess:
+        """Runs ``args`` with `env` (updated with ``extra_env``); kills it and
+        fails as soon as the server logs a handler exception, or when
+        ``timeout`` seconds have passed."""
         # Its own process group, so that what it started goes down with it.
-        proc = subprocess.Popen(args, env=self.env(), stdout=subprocess.PIPE,
+        proc = subprocess.Popen(args, env={**self.env(), **(extra_env or {})},
+                                stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True,
                                 **popen)
         outputs = _collect(proc)

@@ -1,13 +1,16 @@
-"""Helpers the tests import: paths, real-digit IDX files, a local GCS API server, subprocess results."""
+"""Helpers the tests import: paths, real-digit IDX files, a local GCS API server (and
+one that refuses every request), subprocess results."""
 
 from __future__ import annotations
 
 import gzip
+import http.server
 import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -107,6 +110,40 @@ class GcsEmulator:
         through (www.googleapis.com for TensorFlow's client)."""
         blob = self.client().bucket(EMULATOR_BUCKET).blob(name)
         return blob.download_as_bytes(timeout=10, retry=None)
+
+
+class RefusingGcsServer:
+    """A server on 127.0.0.1 that answers every request with HTTP ``status`` and
+    GCS's JSON error body carrying ``message``, as GCS refuses a caller whose
+    credentials lack a permission (403). Use as a context manager; point
+    ``STORAGE_EMULATOR_HOST`` at ``host``."""
+
+    def __init__(self, status: int, message: str):
+        body = json.dumps({"error": {"code": status, "message": message}}).encode()
+
+        class Refuse(http.server.BaseHTTPRequestHandler):
+            def refuse(self):
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = refuse
+
+            def log_message(self, *args):  # quiet
+                pass
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Refuse)
+        self.host = f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def __enter__(self) -> "RefusingGcsServer":
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._server.shutdown()
+        self._server.server_close()
 
 
 def run_results_script(script: str, tmp, timeout: int) -> tuple[dict, str]:

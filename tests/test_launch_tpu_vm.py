@@ -26,6 +26,7 @@ from tests.test_launchers import (PYPROJECT, SCRIPTS, WHEEL, clean_env,
 
 sys.path.insert(0, str(SCRIPTS))
 
+import launch_common as lc  # noqa: E402
 import launch_tpu_vm as lt  # noqa: E402
 import tpu_vm_commands as tc  # noqa: E402
 
@@ -121,12 +122,27 @@ case "$*" in *"print(tf.__version__)"*) echo 2.20.0 ;; esac
     calls = log.read_text().splitlines()
     pip = [c for c in calls if c.startswith("-m pip install")]
     assert pip[0] == "-m pip install --user tensorflow-tpu==2.20.0 libtpu==0.0.17"
+    # The trainer's GCS client with its dependencies, in the trainer extra's
+    # range (the project wheel below brings no dependencies).
+    [gcs] = [r for r in lc.extra_requirements(PYPROJECT, "trainer")
+             if r.startswith("google-cloud-storage")]
+    assert pip[1] == f"-m pip install --user {gcs}"
     # tf-keras pinned to the installed TensorFlow, and never pulling the
     # CPU-only tensorflow wheel in as its dependency.
-    assert pip[1] == "-m pip install --user --no-deps tf-keras~=2.20.0"
-    assert pip[2] == ("-m pip install --user --no-deps --force-reinstall "
+    assert pip[2] == "-m pip install --user --no-deps tf-keras~=2.20.0"
+    assert pip[3] == ("-m pip install --user --no-deps --force-reinstall "
                       + WHEEL)
-    assert "import tensorflow as tf, tf_keras, trainer" in calls[-1]
+    assert "import tensorflow as tf, tf_keras, google.cloud.storage, trainer" in calls[-1]
+
+
+def test_tpu_install_script_needs_the_gcs_client_in_the_trainer_extra():
+    cfg, _ = tpu_plan("setup")
+    extras = PYPROJECT["project"]["optional-dependencies"]
+    without = {**PYPROJECT, "project": {**PYPROJECT["project"], "optional-dependencies": {
+        **extras, "trainer": [r for r in extras["trainer"]
+                              if not r.startswith("google-cloud-storage")]}}}
+    with pytest.raises(lc.ConfigError, match="trainer extra must list google-cloud-storage"):
+        tc.install_script(cfg, without)
 
 
 def test_tpu_tf_runtime_image_keeps_its_tensorflow():

@@ -56,3 +56,13 @@ def test_versions_are_pinned():
     assert pins["apache-beam"] == "==2.77.0"
     assert pins["tensorflow-datasets"] == "==4.9.10"
     assert pins["tf-keras"] == "==2.21.0"
+
+
+def test_both_roles_pin_the_same_gcs_client():
+    """The job's and the trainer's GCS lock is one backend (mnist_contract.lockfile)
+    on one google-cloud-storage range."""
+    _, extras = _extras()
+    ranges = {role: [str(Requirement(r).specifier) for r in extras[role]
+                     if Requirement(r).name == "google-cloud-storage"]
+              for role in ("pipeline", "trainer")}
+    assert ranges["pipeline"] == ranges["trainer"] == ["<4,>=3"]

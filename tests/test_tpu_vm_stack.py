@@ -60,7 +60,7 @@ def check_with_stand_in(tmp_path: Path, import_stderr: str, code: int,
     fake_program(bin_dir / "python3", f"""
 case "$*" in
   *"print(tf.__version__)"*) echo 2.20.0 ;;
-  *"import tensorflow as tf, tf_keras, trainer"*)
+  *"import tensorflow as tf, tf_keras, google.cloud.storage, trainer"*)
     cat {shlex.quote(str(tmp_path / 'import.err'))} >&2
     if [ {code} = 134 ]; then kill -ABRT $$; fi; exit {code} ;;
   *"pip show libtpu"*) printf "Name: libtpu\\nVersion: 0.0.32\\n" ;;

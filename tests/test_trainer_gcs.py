@@ -19,7 +19,8 @@ import uuid
 import pytest
 
 import mnist_contract as contract
-from tests.helpers import EMULATOR_BUCKET, REPO
+from mnist_contract import lockfile
+from tests.helpers import EMULATOR_BUCKET, REPO, RefusingGcsServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -210,7 +211,6 @@ def _error_lines(proc) -> list[str]:
 def test_a_gs_model_dir_in_use_is_refused(gcs_tls, dataset, root):
     """The model_dir lock on gs://: a live holder's lock (this test process)
     makes a second run refuse with one line naming it, writing nothing."""
-    from mnist_contract import lockfile
     model_dir = f"{root}/locked-model"
     holder = lockfile.LockInfo.for_this_process("other-run")
     _bucket(gcs_tls).blob(f"{model_dir}/{lockfile.LOCK_FILE}").upload_from_string(
@@ -221,6 +221,45 @@ def test_a_gs_model_dir_in_use_is_refused(gcs_tls, dataset, root):
     assert proc.returncode == 1 and len(errors) == 1, proc.stderr[-3000:]
     assert f"gs://{EMULATOR_BUCKET}/{model_dir}" in errors[0] and "other-run" in errors[0]
     assert _names(gcs_tls, model_dir) <= {lockfile.LOCK_FILE}
+
+
+def test_the_lock_is_not_written_through_tensorflows_client(gcs_tls, trained):
+    """The model_dir lock goes through google-cloud-storage (straight to the
+    server, with generation preconditions), so no request for it passed the
+    proxy that TensorFlow's client goes through."""
+    model_dir, _, _ = trained("keras")
+    folder = _quoted(f"{model_dir}/")
+    urls = [e.url for e in gcs_tls.proxy.exchanges if folder in e.url]
+    assert urls  # the run's other files did pass it
+    assert not [u for u in urls if lockfile.LOCK_FILE in u], urls
+
+
+def test_a_refused_gs_lock_is_one_line(gcs_tls, dataset, root):
+    """TensorFlow's client may write model_dir, but GCS refuses the lock's
+    client (HTTP 403): the run stops at the lock with one line, exit 1."""
+    model_dir = f"gs://{EMULATOR_BUCKET}/{root}/refused-model"
+    message = "runner@p.iam.gserviceaccount.com does not have storage.objects.create access"
+    with RefusingGcsServer(403, message) as refusing:
+        proc = gcs_tls.run([sys.executable, "-m", "trainer",
+                            f"--data=gs://{EMULATOR_BUCKET}/{dataset}",
+                            f"--model_dir={model_dir}", *TRAIN_FLAGS, "--epochs=1"],
+                           timeout=RUN_SECONDS, cwd=REPO,
+                           extra_env={"STORAGE_EMULATOR_HOST": refusing.host})
+    errors = _error_lines(proc)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert errors == [f"error: {model_dir}/{lockfile.LOCK_FILE}: cannot take the lock of "
+                      f"--model_dir (403 Forbidden: {message})"], proc.stderr[-3000:]
+
+
+def test_a_gs_model_dir_in_a_missing_bucket_is_one_line(gcs_tls, dataset):
+    """TensorFlow's makedirs would ask for the missing bucket forever; the
+    run ends at once with one line naming it."""
+    model_dir = "gs://no-such-bucket/model"
+    proc = _run(gcs_tls, "-m", "trainer", f"--data=gs://{EMULATOR_BUCKET}/{dataset}",
+                f"--model_dir={model_dir}", *TRAIN_FLAGS, "--epochs=1")
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert _error_lines(proc) == [f"error: {model_dir}: cannot create --model_dir (bucket "
+                                  "gs://no-such-bucket does not exist)"], proc.stderr[-3000:]
 
 
 def test_resuming_a_gs_model_dir_on_other_data_is_refused(gcs_tls, trained, dataset, root):

@@ -3,10 +3,12 @@ a provably dead holder's lock is taken over."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
 import socket
+import threading
 import subprocess
 import sys
 import time
@@ -17,6 +19,7 @@ import tensorflow as tf
 
 from mnist_contract import lockfile
 from tests import trainer_data
+from tests.helpers import EMULATOR_BUCKET, RefusingGcsServer, free_port
 from tests.trainer_runs import errors, start
 from trainer import run_lock
 from trainer.errors import TrainerError
@@ -25,8 +28,11 @@ HOLDER = re.compile(r"in use by run \w+ \(host [^,]+, pid \d+, started \S+Z, "
                     r"heartbeat \d+s ago\)")
 
 
-@pytest.fixture(params=["local", "ram"])
+@pytest.fixture(params=["local", "ram", "gcs"])
 def model_dir(request, tmp_path) -> str:
+    if request.param == "gcs":  # google-cloud-storage against the local GCS server
+        request.getfixturevalue("gcs_emulator")
+        return f"gs://{EMULATOR_BUCKET}/run-lock-{uuid.uuid4().hex[:8]}"
     if request.param == "ram":
         path = f"ram://run-lock-{uuid.uuid4().hex}"
     else:
@@ -35,10 +41,24 @@ def model_dir(request, tmp_path) -> str:
     return path
 
 
+def gcs_bucket():
+    """The emulator's bucket, through a client that finds it as the trainer's does."""
+    from google.cloud import storage
+    return storage.Client(project=None).bucket(EMULATOR_BUCKET)
+
+
+def gcs_name(model_dir: str) -> str:
+    return f"{model_dir[len(f'gs://{EMULATOR_BUCKET}/'):]}/{lockfile.LOCK_FILE}"
+
+
 def write_lock(model_dir: str, **fields) -> None:
     info = {"run_id": "old", "host": socket.gethostname(), "pid": os.getpid(),
             "started": time.time(), "heartbeat": time.time(), **fields}
     path = f"{model_dir}/{lockfile.LOCK_FILE}"
+    if path.startswith("gs://"):  # written over whatever is there, as another run would
+        gcs_bucket().blob(gcs_name(model_dir)).upload_from_string(
+            json.dumps(info).encode(), timeout=10)
+        return
     if tf.io.gfile.exists(path):  # ram:// rewrites in place without truncating
         tf.io.gfile.remove(path)
     with tf.io.gfile.GFile(path, "wb") as f:
@@ -83,6 +103,101 @@ def test_a_lost_lock_stops_the_commit(model_dir):
     with pytest.raises(TrainerError, match="this run lost its lock .*intruder"):
         held.check_held(model_dir)
     held.release()
+
+
+def test_a_lock_that_cannot_be_read_stops_the_commit(model_dir, monkeypatch):
+    """Storage failing when the run checks its lock before committing: one line."""
+    held = run_lock.acquire(model_dir)
+    if model_dir.startswith("gs://"):
+        from google.api_core.exceptions import ServiceUnavailable
+        failure = ServiceUnavailable("backend unavailable")
+    else:
+        failure = OSError(errno.EIO, "Input/output error")
+
+    def unreadable():
+        raise failure
+    monkeypatch.setattr(held._backend, "read", unreadable)
+    with pytest.raises(TrainerError) as e:
+        held.check_held(model_dir)
+    reason = "503 Service Unavailable" if model_dir.startswith("gs://") else "Input/output error"
+    assert str(e.value) == (f"{held.path}: cannot read this run's lock ({reason}); "
+                            "stopped without exporting")
+    monkeypatch.undo()
+    held.release()
+
+
+RACERS = 6
+
+
+def test_racing_runs_on_gs_one_wins_holding_the_objects_generation(gcs_emulator):
+    """`RACERS` runs take one gs:// model_dir's lock at the same moment: one
+    holds it, at the generation GCS gave the object; the rest name it."""
+    model_dir = f"gs://{EMULATOR_BUCKET}/race-{uuid.uuid4().hex[:8]}"
+    start_line = threading.Barrier(RACERS)
+    outcomes: list = []
+
+    def race() -> None:
+        start_line.wait()
+        try:
+            outcomes.append(run_lock.acquire(model_dir))
+        except TrainerError as e:
+            outcomes.append(e)
+
+    threads = [threading.Thread(target=race) for _ in range(RACERS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    [held] = [o for o in outcomes if isinstance(o, run_lock.RunLock)]
+    refused = [str(o) for o in outcomes if isinstance(o, TrainerError)]
+    assert len(refused) == RACERS - 1
+    assert all(r.startswith(f"{model_dir}: in use by run {held.run_id} ") for r in refused)
+    blob = gcs_bucket().get_blob(gcs_name(model_dir), timeout=10)
+    assert blob.generation == held._token
+    assert json.loads(blob.download_as_bytes(timeout=10))["run_id"] == held.run_id
+    held.release()
+    assert gcs_bucket().get_blob(gcs_name(model_dir), timeout=10) is None
+
+
+FORBIDDEN = ("runner@p.iam.gserviceaccount.com does not have storage.objects.create "
+             "access to the Google Cloud Storage object.")
+
+
+@pytest.mark.parametrize("server,reason", [
+    ("no bucket", "404 Not Found"),
+    ("forbidden", f"403 Forbidden: {FORBIDDEN}"),
+    ("unreachable", "Connection refused; gave up after 2s of retries"),
+    ("silent", "Read timed out; gave up after 2s of retries"),
+    ("no credentials", "no Google credentials: File {missing} was not found"),
+], ids=["no-bucket", "forbidden", "unreachable", "silent", "no-credentials"])
+def test_gs_lock_failures_are_one_line_in_bounded_time(gcs_emulator, monkeypatch, tmp_path,
+                                                       server, reason):
+    """What stops the lock (bucket, permission, network, credentials) ends
+    in the one-line error, in seconds: retries and waits are bounded."""
+    monkeypatch.setattr(run_lock, "GCS_RETRY_SECONDS", 2.0)
+    monkeypatch.setattr(run_lock, "GCS_TIMEOUT_SECONDS", (1.0, 1.0))
+    bucket = "no-such-bucket" if server == "no bucket" else EMULATOR_BUCKET
+    model_dir = f"gs://{bucket}/m-{uuid.uuid4().hex[:8]}"
+    missing = tmp_path / "no-key.json"
+    with RefusingGcsServer(403, FORBIDDEN) as refusing, socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # connections complete in the backlog; nothing answers
+        hosts = {"forbidden": refusing.host, "unreachable": f"http://127.0.0.1:{free_port()}",
+                 "silent": f"http://127.0.0.1:{silent.getsockname()[1]}"}
+        if server in hosts:
+            monkeypatch.setenv("STORAGE_EMULATOR_HOST", hosts[server])
+        elif server == "no credentials":  # real GCS, with a key file that is not there
+            monkeypatch.delenv("STORAGE_EMULATOR_HOST")
+            monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(missing))
+        began = time.monotonic()
+        with pytest.raises(TrainerError) as e:
+            run_lock.acquire(model_dir)
+        took = time.monotonic() - began
+    message = str(e.value)
+    assert message.startswith(f"{model_dir}/{lockfile.LOCK_FILE}: cannot take the lock of "
+                              f"--model_dir ({reason.format(missing=missing)}"), message
+    assert "\n" not in message
+    assert took < 15, took
 
 
 @pytest.mark.slow

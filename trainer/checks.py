@@ -104,10 +104,24 @@ def check_model_dir(model_dir: str, create: bool = False) -> None:
     """``model_dir`` is a folder or does not exist yet (a file is refused);
     ``create``: make it."""
     try:
-        if tf.io.gfile.exists(model_dir) and not tf.io.gfile.isdir(model_dir):
+        exists = tf.io.gfile.exists(model_dir)
+        if exists and not tf.io.gfile.isdir(model_dir):
             raise TrainerError(f"{model_dir}: --model_dir is a file, not a folder")
-        if create:
+        if create and not exists:
+            _check_bucket(model_dir)
             tf.io.gfile.makedirs(model_dir)
     except tf.errors.OpError as e:
         raise TrainerError(f"{model_dir}: cannot create --model_dir "
                            f"({summarize_error(e)})") from None
+
+
+def _check_bucket(model_dir: str) -> None:
+    """A ``gs://`` folder's bucket exists: under a bucket that does not,
+    TensorFlow's ``makedirs`` asks for the bucket again and again and never
+    returns. (It asks for the bucket anyway when the folder is new, so this
+    needs no permission ``makedirs`` does not.)"""
+    if model_dir.startswith("gs://"):
+        bucket = "gs://" + model_dir[len("gs://"):].split("/", 1)[0]
+        if not tf.io.gfile.exists(bucket):
+            raise TrainerError(f"{model_dir}: cannot create --model_dir (bucket {bucket} "
+                               "does not exist)")

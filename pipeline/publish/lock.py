@@ -17,9 +17,10 @@ itself conditional (GCS: delete at the stale generation; local: rename aside,
 then check it is still the stale file), so two runs racing for a dead lock
 cannot both win. The lock is released when the run ends, successfully or not.
 
-The parts the trainer's ``model_dir`` lock shares (holder info, liveness,
-the local backend, the heartbeat, the claim) are in `mnist_contract.lockfile`;
-the GCS backend, through Beam's client, is here.
+The mechanics are shared with the trainer's ``model_dir`` lock and live in
+`mnist_contract.lockfile` (holder info, liveness, both backends, the
+heartbeat, the claim); here the GCS backend gets Beam's client and retry
+policy.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from __future__ import annotations
 import time
 
 import mnist_contract as contract
-from mnist_contract.lockfile import (LOCK_FILE, STALE_SECONDS, HeldLock, LocalLockFile,
-                                     LockInfo, claim)
+from mnist_contract.lockfile import (LOCK_FILE, STALE_SECONDS, GcsLockObject, HeldLock,
+                                     LocalLockFile, LockInfo, claim, split_gs_path)
 
 from pipeline import _compat, storage
 from pipeline.errors import PipelineInputError
@@ -36,60 +37,12 @@ from pipeline.errors import PipelineInputError
 _Local = LocalLockFile
 
 
-class _Gcs:
-    """The lock as a GCS object. A token is its generation."""
-
-    def __init__(self, path: str):
-        storage.use_anonymous_gcs_for_emulator()
-        bucket, self.name = path[len("gs://"):].split("/", 1)
-        self.bucket = _compat.gcs_bucket(bucket)
-
-    def blob(self):
-        return self.bucket.blob(self.name)
-
-    @staticmethod
-    def retry():
-        """Beam's GCS retry policy, with the deadline `storage.configure_gcs` gave it."""
-        return _compat.gcs_retry()
-
-    def create(self, data: bytes):
-        from google.api_core import exceptions
-        blob = self.blob()
-        try:
-            blob.upload_from_string(data, if_generation_match=0, retry=self.retry())
-        except exceptions.PreconditionFailed:
-            return None
-        return blob.generation
-
-    def read(self):
-        from google.api_core import exceptions
-        try:
-            blob = self.bucket.get_blob(self.name, retry=self.retry())
-            if blob is None:
-                return None
-            generation = blob.generation
-            data = blob.download_as_bytes(if_generation_match=generation,
-                                          retry=self.retry())
-        except (exceptions.NotFound, exceptions.PreconditionFailed):
-            return None  # gone, or replaced since: the caller tries again
-        return data, generation, 0.0
-
-    def refresh(self, token, data: bytes):
-        from google.api_core import exceptions
-        blob = self.blob()
-        try:
-            blob.upload_from_string(data, if_generation_match=token, retry=self.retry())
-        except (exceptions.PreconditionFailed, exceptions.NotFound):
-            return None
-        return blob.generation
-
-    def delete_if(self, token) -> bool:
-        from google.api_core import exceptions
-        try:
-            self.blob().delete(if_generation_match=token, retry=self.retry())
-        except (exceptions.PreconditionFailed, exceptions.NotFound):
-            return False
-        return True
+def _gcs(path: str) -> GcsLockObject:
+    """The lock object through Beam's GCS client, with Beam's retry policy (the
+    deadline `storage.configure_gcs` gave it)."""
+    storage.use_anonymous_gcs_for_emulator()
+    bucket, name = split_gs_path(path)
+    return GcsLockObject(_compat.gcs_bucket(bucket), name, retry=_compat.gcs_retry())
 
 
 class OutputLock(HeldLock):
@@ -115,7 +68,7 @@ def acquire(output: str, run_id: str) -> OutputLock:
     the client's exception for the caller to report.
     """
     path = contract.join_path(output, LOCK_FILE)
-    backend = _Gcs(path) if path.startswith("gs://") else _Local(path)
+    backend = _gcs(path) if path.startswith("gs://") else _Local(path)
     info = LockInfo.for_this_process(run_id)
     token, holder = claim(backend, info, output)
     if token is not None:
