@@ -217,3 +217,24 @@ def test_each_input_pipeline_verifies_only_its_own_files(tmp_path, monkeypatch):
 def test_verify_checksums_passes_intact_data(out, tmp_path, capsys):
     assert run(out, str(tmp_path / "m"), "--verify_checksums", "--loop=custom") == 0
     assert "test_examples=20" in capsys.readouterr().out
+
+
+def test_a_refused_bucket_lookup_does_not_stop_a_new_gs_model_dir(monkeypatch):
+    """Object-only permissions refuse the bucket lookup (403): the check steps
+    aside and the folder is made as without it; a missing bucket is refused."""
+    asked, made = [], []
+
+    def exists(path):
+        asked.append(path)
+        if path == "gs://objects-only":
+            raise tf.errors.PermissionDeniedError(None, None, "403 storage.buckets.get")
+        return False
+
+    monkeypatch.setattr(tf.io.gfile, "exists", exists)
+    monkeypatch.setattr(tf.io.gfile, "makedirs", made.append)
+    checks.check_model_dir("gs://objects-only/runs/m", create=True)
+    assert asked == ["gs://objects-only/runs/m", "gs://objects-only"]
+    assert made == ["gs://objects-only/runs/m"]
+    with pytest.raises(TrainerError, match=r"bucket gs://gone does not exist"):
+        checks.check_model_dir("gs://gone/m", create=True)
+    assert made == ["gs://objects-only/runs/m"]

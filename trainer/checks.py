@@ -118,10 +118,16 @@ def check_model_dir(model_dir: str, create: bool = False) -> None:
 def _check_bucket(model_dir: str) -> None:
     """A ``gs://`` folder's bucket exists: under a bucket that does not,
     TensorFlow's ``makedirs`` asks for the bucket again and again and never
-    returns. (It asks for the bucket anyway when the folder is new, so this
-    needs no permission ``makedirs`` does not.)"""
-    if model_dir.startswith("gs://"):
-        bucket = "gs://" + model_dir[len("gs://"):].split("/", 1)[0]
-        if not tf.io.gfile.exists(bucket):
-            raise TrainerError(f"{model_dir}: cannot create --model_dir (bucket {bucket} "
-                               "does not exist)")
+    returns. Asking needs ``storage.buckets.get``, which object-only roles
+    (``roles/storage.objectAdmin``) lack; a refusal says nothing of the
+    bucket, so ``makedirs`` goes ahead as without the check."""
+    if not model_dir.startswith("gs://"):
+        return
+    bucket = "gs://" + model_dir[len("gs://"):].split("/", 1)[0]
+    try:
+        found = tf.io.gfile.exists(bucket)
+    except tf.errors.PermissionDeniedError:
+        return
+    if not found:
+        raise TrainerError(f"{model_dir}: cannot create --model_dir (bucket {bucket} "
+                           "does not exist)")
