@@ -12,19 +12,10 @@ import os
 
 import pytest
 
-from tests.trainer_runs import copy_of, metrics, one_error, run, two_epoch_run
+# model_dir, trained: the shared fixtures.
+from tests.trainer_runs import metrics, model_dir, one_error, run, trained  # noqa: F401
 
 SPE = ["--steps_per_epoch=4", "--loop=custom"]
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    return two_epoch_run(tmp_path_factory.mktemp("damage"))
-
-
-@pytest.fixture
-def model_dir(trained, tmp_path):
-    return copy_of(trained[1], tmp_path)
 
 
 def ckpt(model_dir: str, step: int) -> dict:

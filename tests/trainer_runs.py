@@ -11,6 +11,8 @@ import socket
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers import REPO
 from trainer import __main__ as cli
 
@@ -68,6 +70,19 @@ def copy_of(model_dir: str, tmp_path) -> str:
     shutil.copytree(model_dir, copy)
     return copy
 
+
+# Fixtures for the modules that resume copies of one trained run; a module
+# imports both names.
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """`two_epoch_run` once per module: (data, model_dir)."""
+    return two_epoch_run(tmp_path_factory.mktemp("two-epochs"))
+
+
+@pytest.fixture
+def model_dir(trained, tmp_path):
+    """A fresh copy of `trained`'s model_dir for one test to change."""
+    return copy_of(trained[1], tmp_path)
 
 
 def free_ports(n: int) -> list[int]:

@@ -92,7 +92,9 @@ class Controller:
         self.model, self.state = model, tf.Variable("", dtype=tf.string, trainable=False,
                                                     name=STATE_NAME)
         self.checkpoint = self._new_checkpoint()
-        self.manager = self._new_manager()
+        self.manager = self._new_manager()  # this worker's (a scratch folder off the chief)
+        # The chief's, which every worker restores from.
+        self.restore_dir = join_path(config.model_dir, outputs.CHECKPOINTS)
         logs = outputs.write_dir(config.model_dir, outputs.LOGS, strategy)
         self.logs_dir = logs
         try:
@@ -137,28 +139,27 @@ class Controller:
         checkpoints) the others restore nothing.
         """
         chief = strategy_lib.is_chief(self.strategy)
-        directory = join_path(self.config.model_dir, outputs.CHECKPOINTS)
         checkpoints.clean_temp(self.manager.directory)
         latest = ""
         if chief or not self.config.restart:
-            latest, damaged = checkpoints.restore_newest(directory, self._restore)
+            latest, damaged = checkpoints.restore_newest(self.restore_dir, self._restore)
         if latest:
             if chief:
-                checkpoints.repair_state(directory, latest, damaged)
+                checkpoints.repair_state(self.restore_dir, latest, damaged)
             # For the restored checkpoint object; on the chief it reads the
             # repaired state file.
             self.manager = self._new_manager()
             log.info("restored %s", latest)
         self.step = self.start_step = int(self.optimizer.iterations.numpy())
         self._saved_step = self.start_step if latest else None
-        self._check_same_start(directory)
+        self._check_same_start()
         if self.start_step:
             print(f"resuming at step {self.start_step}/{self.total_steps}", flush=True)
         self._logged_step, self._logged_time = self.step, time.perf_counter()
         self._profile(self.step)  # --profile_steps=1,N: from the first step
         return self.start_step
 
-    def _check_same_start(self, directory: str) -> None:
+    def _check_same_start(self) -> None:
         """Multi-worker: raises on every worker unless all start at one step
         (steps s_i of n replicas are all equal iff n * sum(s_i^2) == sum(s_i)^2)."""
         if self._share is None:
@@ -166,7 +167,7 @@ class Controller:
         total, squares = self._share([self.start_step, self.start_step ** 2])
         if self.strategy.num_replicas_in_sync * squares != total ** 2:
             raise TrainerError(
-                f"{directory}: the workers would resume at different steps (this one "
+                f"{self.restore_dir}: the workers would resume at different steps (this one "
                 f"at {self.start_step}); every worker must read the chief's "
                 "--model_dir (shared storage, such as gs://)")
 
@@ -265,8 +266,8 @@ class Controller:
                       f"{signal.Signals(signum).name} received"
                       f"{'' if here else ' by another worker'}: stopped at step "
                       f"{self.step}/{self.total_steps}, saved "
-                      f"{join_path(self.config.model_dir, outputs.CHECKPOINTS)}/ckpt-{self.step}"
-                      "; rerun the same command to resume")
+                      f"{self._checkpoint_path(self.restore_dir)}; rerun the same command "
+                      "to resume")
 
     def evaluate(self) -> dict:
         """Evaluates, checking before and after that the data is still the run's."""
@@ -334,8 +335,10 @@ class Controller:
         return TrainerError(f"{self._checkpoint_path()}: cannot save the checkpoint "
                             f"({os_reason(error)}); a rerun resumes from {latest}{left}")
 
-    def _checkpoint_path(self) -> str:
-        return join_path(self.manager.directory, f"ckpt-{self.step}")
+    def _checkpoint_path(self, directory: str = "") -> str:
+        """This step's checkpoint in ``directory`` (default: where this worker saves)."""
+        return join_path(directory or self.manager.directory,
+                         f"{checkpoints.PREFIX}-{self.step}")
 
     def _profile_boundaries(self) -> tuple[int, ...]:
         if self.config.profile_steps is None:
