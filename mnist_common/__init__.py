@@ -1,0 +1,11 @@
+"""Machinery the conversion job and the trainer share that is not the data contract.
+
+A neutral package beside `mnist_contract`: `pipeline` and `trainer` import
+it, it imports neither of them (nor Apache Beam, nor TensorFlow at import
+time).
+
+    storage_lock   one writer per folder: the lock file and its backends
+                   (local disk, gs://), with the guarantee each one gives
+    console        what the command-line programs print and how they exit:
+                   TensorFlow's start-up kept quiet, the exit-status table
+"""
