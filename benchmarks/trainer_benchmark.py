@@ -3,7 +3,7 @@
 
     python benchmarks/trainer_benchmark.py [--examples=20000] [--batch=128]
 
-1. Input: examples/s of the trainer's TFRecord pipeline (`trainer.data`,
+1. Input: examples/s of the trainer's TFRecord pipeline (`trainer.data.input_pipeline`,
    training mode: interleave, shuffle, repeat, batch, vectorized parse,
    normalize) ÷ examples/s of the same arrays through ``from_tensor_slices``
    with the same shuffle/batch/normalize, uncached. Bar: >= 0.9. Measured
@@ -54,9 +54,10 @@ import tf_keras as keras  # noqa: E402
 import mnist_contract as contract  # noqa: E402
 from mnist_contract import examples  # noqa: E402
 from tests import trainer_data  # noqa: E402
-from trainer import custom_loop, data, keras_loop  # noqa: E402
-from trainer import model as model_lib  # noqa: E402
 from trainer.config import TrainConfig  # noqa: E402
+from trainer.data import input_pipeline, splits  # noqa: E402
+from trainer.loop import custom_loop, keras_loop  # noqa: E402
+from trainer.model import models as model_lib  # noqa: E402
 
 BARS = {"input": 0.9, "keras_linear": 1.5}
 
@@ -99,7 +100,7 @@ def paired(repeats: int, a, b) -> Paired:
     return Paired(tuple(ra), tuple(rb))
 
 
-def input_ratio(split: data.SplitFiles, images, labels, batch: int, batches: int,
+def input_ratio(split: splits.SplitFiles, images, labels, batch: int, batches: int,
                 repeats: int, cache: bool = False) -> Paired:
     """Examples/s of the trainer's input ÷ ``from_tensor_slices``, in paired windows.
 
@@ -109,7 +110,7 @@ def input_ratio(split: data.SplitFiles, images, labels, batch: int, batches: int
     refill its buffers while the other is being timed.
     """
     def records():
-        return data.train_dataset(split, batch, tf.distribute.InputContext(),
+        return input_pipeline.train_dataset(split, batch, tf.distribute.InputContext(),
                                   shuffle_buffer=10_000, cache=cache)
 
     def normalize(x, y):
@@ -137,12 +138,12 @@ def input_ratio(split: data.SplitFiles, images, labels, batch: int, batches: int
     return paired(repeats, window(records), window(arrays))
 
 
-def input_stages(split: data.SplitFiles, images, batch: int, batches: int,
+def input_stages(split: splits.SplitFiles, images, batch: int, batches: int,
                  repeats: int) -> dict[str, float]:
     """Microseconds per batch of the TFRecord side's stages, each timed alone.
 
-    Rebuilt from the same tf.data ops as `trainer.data` (reading in blocks
-    of ``data.RECORDS_PER_READ`` through a parallel interleave, un-blocking,
+    Rebuilt from the same tf.data ops as `trainer.data.input_pipeline` (reading in blocks
+    of ``input_pipeline.RECORDS_PER_READ`` through a parallel interleave, un-blocking,
     shuffling serialized records, batching, one ``tf.io.parse_example`` per
     batch), so each stage's cost shows on its own; and the arrays side's
     shuffle + batch for comparison.
@@ -151,7 +152,7 @@ def input_stages(split: data.SplitFiles, images, batch: int, batches: int,
 
     def read():
         return tf.data.Dataset.from_tensor_slices(list(split.files)).interleave(
-            lambda f: tf.data.TFRecordDataset(f).batch(data.RECORDS_PER_READ),
+            lambda f: tf.data.TFRecordDataset(f).batch(input_pipeline.RECORDS_PER_READ),
             cycle_length=len(split.files), num_parallel_calls=autotune,
             deterministic=False).unbatch().repeat()
 
@@ -193,17 +194,17 @@ def linear_model() -> keras.Model:
                              keras.layers.Dense(10)])
 
 
-def keras_ratio(split: data.SplitFiles, batch: int, steps: int, repeats: int,
+def keras_ratio(split: splits.SplitFiles, batch: int, steps: int, repeats: int,
                 build=lambda: model_lib.build_model("small"),
                 verbose: int = 1) -> Paired:
     """fit spe=50 and spe=1 steps/s; ``verbose=1`` as the trainer runs fit.
 
     With ``verbose=1`` the progress bar goes to /dev/null and a TensorBoard
-    callback (epoch summaries, as in `trainer.keras_loop`) is attached.
+    callback (epoch summaries, as in `trainer.loop.keras_loop`) is attached.
     """
     strategy = tf.distribute.get_strategy()
     config = TrainConfig(data="-", model_dir="-", global_batch_size=batch)
-    dist = data.train_input(strategy, split, config, postprocess=keras_loop.keras_batch)
+    dist = input_pipeline.train_input(strategy, split, config, postprocess=keras_loop.keras_batch)
 
     class EpochTimer(keras.callbacks.Callback):
         """Times the epoch alone, not fit()'s set-up."""
@@ -242,10 +243,10 @@ def keras_ratio(split: data.SplitFiles, batch: int, steps: int, repeats: int,
         tf.io.gfile.rmtree(logs)
 
 
-def custom_ratio(split: data.SplitFiles, batch: int, steps: int,
+def custom_ratio(split: splits.SplitFiles, batch: int, steps: int,
                  repeats: int) -> Paired:
     strategy = tf.distribute.get_strategy()
-    dist = data.train_input(strategy, split, TrainConfig(
+    dist = input_pipeline.train_input(strategy, split, TrainConfig(
         data="-", model_dir="-", global_batch_size=batch))
 
     def loop(spe):
@@ -287,7 +288,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         trainer_data.write_dataset(tmp, num_train=args.examples, num_test=10,
                                    train_shards=args.shards, test_shards=1)
-        split = data.split_files(tmp, data.load_manifest(tmp), "train")
+        split = splits.split_files(tmp, splits.load_manifest(tmp), "train")
         images, labels = trainer_data.make_arrays(args.examples, 0)
         results = {}
         results["input"] = (

@@ -349,7 +349,7 @@ def plan(step: str, cfg: TpuConfig, pyproject: Mapping) -> list[lc.Command]:
     return [cmd for _, cmds in phases(step, cfg, pyproject) for cmd in cmds]
 
 
-# The trainer's exit status after a clean stop on a signal (trainer/preemption.py:
+# The trainer's exit status after a clean stop on a signal (trainer/run/preemption.py:
 # 128 + the signal number): a checkpoint of that step is saved.
 STOPPED_BY_SIGNAL = {143: "SIGTERM", 130: "SIGINT"}
 

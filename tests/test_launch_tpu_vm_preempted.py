@@ -7,7 +7,7 @@ import signal
 import pytest
 
 from tests.test_launch_tpu_vm import RUNNING, FakeHost, status_line, tc, wait_with
-from trainer import preemption
+from trainer.run import preemption
 
 
 @pytest.mark.parametrize("code, name", [(143, "SIGTERM"), (130, "SIGINT")])

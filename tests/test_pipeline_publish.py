@@ -100,8 +100,8 @@ def readers_see(output, datasets):
     else:
         seen = next(v for v in ("old", "new") if datasets[v][0] == manifest)
     if not output.startswith("gs://"):
-        from trainer.data import load_manifest
         from trainer.config import TrainerError
+        from trainer.data.splits import load_manifest
         if seen == "interrupted":
             with pytest.raises(TrainerError, match="interrupted publish"):
                 load_manifest(output)

@@ -15,8 +15,9 @@ import tensorflow as tf
 
 
 from tests.helpers import REPO, run_job
-from trainer import data, predict
+from trainer import predict
 from trainer.config import TrainConfig
+from trainer.data import input_pipeline, splits
 from trainer.train import train_and_evaluate
 
 pytestmark = pytest.mark.slow
@@ -36,26 +37,26 @@ def converted(tmp_path_factory, digits):
 
 def test_trainer_reads_the_manifest(converted, digits):
     out, manifest = converted
-    read = data.load_manifest(out)
+    read = splits.load_manifest(out)
     assert read.to_json() == manifest.to_json()
-    train = data.split_files(out, read, "train")
+    train = splits.split_files(out, read, "train")
     assert len(train.files) >= 4
     assert train.num_examples == len(digits["train"][1])
 
 
 def test_every_example_once_per_epoch_and_disjoint_pipelines(converted, digits):
     out, manifest = converted
-    train = data.split_files(out, manifest, "train")
+    train = splits.split_files(out, manifest, "train")
     n = train.num_examples
-    ds = data.train_dataset(train, 1, tf.distribute.InputContext())
+    ds = input_pipeline.train_dataset(train, 1, tf.distribute.InputContext())
     seen = [int(b["index"][0]) for b in ds.take(2 * n)]
     assert sorted(seen[:n]) == list(range(n)) and sorted(seen[n:]) == list(range(n))
-    counts = data.pipeline_example_counts(train.counts, 2)
+    counts = input_pipeline.pipeline_example_counts(train.counts, 2)
     union = []
     for i in range(2):
         ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=i,
                                          num_replicas_in_sync=2)
-        ds = data.train_dataset(train, 2, ctx)
+        ds = input_pipeline.train_dataset(train, 2, ctx)
         got = [int(b["index"][0]) for b in ds.take(counts[i])]
         assert len(set(got)) == counts[i]
         union.extend(got)

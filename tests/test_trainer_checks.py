@@ -17,8 +17,9 @@ import tensorflow as tf
 import mnist_contract as contract
 from tests import trainer_data
 from trainer import __main__ as cli
-from trainer import checks, data
+from trainer.data import checks, input_pipeline, splits
 from trainer.errors import TrainerError
+from trainer.run import outputs
 
 TRAIN = ["--preset=smoke", "--epochs=1", "--global_batch_size=8", "--steps_per_execution=2", "--verbose=0"]
 
@@ -191,27 +192,27 @@ def test_metrics_history_covers_the_whole_run_after_a_resume(out, tmp_path, loop
 def test_each_input_pipeline_verifies_only_its_own_files(tmp_path, monkeypatch):
     path = str(tmp_path / "data")
     trainer_data.write_dataset(path, num_train=40, num_test=4, train_shards=4)
-    split = data.split_files(path, data.load_manifest(path), "train")
+    split = splits.split_files(path, splits.load_manifest(path), "train")
     checked = []
     real = checks.verify_checksums
     monkeypatch.setattr(checks, "verify_checksums",
                         lambda paths, shas: (checked.extend(paths), real(paths, shas)))
-    monkeypatch.setattr(data, "_verified", set())
+    monkeypatch.setattr(input_pipeline, "_verified", set())
     for i in range(2):
         ctx = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=i,
                                          num_replicas_in_sync=2)
-        data.verify_pipeline_files(split, ctx)
+        input_pipeline.verify_pipeline_files(split, ctx)
         assert checked == list(split.files[i::2])
         checked.clear()
     trainer_data.corrupt(split.files[1])  # same size, other bytes: pipeline 1's file
-    monkeypatch.setattr(data, "_verified", set())
+    monkeypatch.setattr(input_pipeline, "_verified", set())
     ctx0 = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=0,
                                       num_replicas_in_sync=2)
-    data.verify_pipeline_files(split, ctx0)  # not its file: no error
+    input_pipeline.verify_pipeline_files(split, ctx0)  # not its file: no error
     ctx1 = tf.distribute.InputContext(num_input_pipelines=2, input_pipeline_id=1,
                                       num_replicas_in_sync=2)
     with pytest.raises(TrainerError, match=f"^{split.files[1]}: sha256 "):
-        data.verify_pipeline_files(split, ctx1)
+        input_pipeline.verify_pipeline_files(split, ctx1)
 
 
 def test_verify_checksums_passes_intact_data(out, tmp_path, capsys):
@@ -232,9 +233,9 @@ def test_a_refused_bucket_lookup_does_not_stop_a_new_gs_model_dir(monkeypatch):
 
     monkeypatch.setattr(tf.io.gfile, "exists", exists)
     monkeypatch.setattr(tf.io.gfile, "makedirs", made.append)
-    checks.check_model_dir("gs://objects-only/runs/m", create=True)
+    outputs.check_model_dir("gs://objects-only/runs/m", create=True)
     assert asked == ["gs://objects-only/runs/m", "gs://objects-only"]
     assert made == ["gs://objects-only/runs/m"]
     with pytest.raises(TrainerError, match=r"bucket gs://gone does not exist"):
-        checks.check_model_dir("gs://gone/m", create=True)
+        outputs.check_model_dir("gs://gone/m", create=True)
     assert made == ["gs://objects-only/runs/m"]

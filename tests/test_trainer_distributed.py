@@ -37,8 +37,8 @@ SCRIPT = textwrap.dedent(r'''
     import tf_keras as keras
     from mnist_contract import join_path
     from tests import trainer_data
-    from trainer import outputs
     from trainer.config import TrainConfig
+    from trainer.run import outputs
     from trainer.train import train_and_evaluate
 
     tmp = sys.argv[1]

@@ -21,9 +21,10 @@ import tf_keras as keras
 import mnist_contract as contract
 from tests import trainer_data
 from tests.helpers import real_digits
-from trainer import augment, export, model as model_lib, predict
+from trainer import predict
 from trainer.config import TrainConfig
 from trainer.errors import TrainerError
+from trainer.model import augment, export, models as model_lib, optimizer as optimizer_lib
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +73,7 @@ def test_signature_takes_raw_pixels_in_both_shapes(exported):
 
 
 def test_served_normalization_is_the_pipelines_bit_for_bit(exported):
-    """The export divides by 255 exactly as trainer.data does (not * 1/255)."""
+    """The export divides by 255 exactly as trainer.data.input_pipeline does (not * 1/255)."""
     model, _, _, _ = exported
     served = export.inference_model(model)
     pixels = np.arange(256, dtype=np.uint8).reshape(1, 16, 16, 1)
@@ -117,7 +118,7 @@ def test_augmented_model_compiles_with_xla():
     """jit_compile keeps working with augmentation in the model (the TPU path)."""
     images, labels = real_digits(32)
     model = model_lib.build_model("small", augment=True)
-    model.compile(optimizer=model_lib.make_optimizer(1e-3, "cosine", 8, 2),
+    model.compile(optimizer=optimizer_lib.make_optimizer(1e-3, "cosine", 8, 2),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   steps_per_execution=2, jit_compile=True)
     history = model.fit(images[..., None].astype(np.float32) / 255.0, labels,
@@ -128,7 +129,7 @@ def test_augmented_model_compiles_with_xla():
 
 def test_learning_rate_schedules():
     def lrs(schedule, warmup, total=100):
-        lr = model_lib.learning_rate_schedule(0.01, schedule, total, warmup)
+        lr = optimizer_lib.learning_rate_schedule(0.01, schedule, total, warmup)
         return [float(lr(s)) if callable(lr) else float(lr) for s in (0, 5, 10, 55, 100)]
 
     cosine = lrs("cosine", 10)
@@ -139,8 +140,8 @@ def test_learning_rate_schedules():
     assert lrs("constant", 10)[1:] == pytest.approx([0.005, 0.01, 0.01, 0.01])
     assert lrs("constant", 0) == pytest.approx([0.01] * 5)
     with pytest.raises(TrainerError, match="lr_schedule"):
-        model_lib.make_optimizer(0.01, "step", 100, 0)
-    assert isinstance(model_lib.make_optimizer(0.01, "cosine", 100, 10).learning_rate,
+        optimizer_lib.make_optimizer(0.01, "step", 100, 0)
+    assert isinstance(optimizer_lib.make_optimizer(0.01, "cosine", 100, 10).learning_rate,
                       tf.Variable)  # Adam evaluates the schedule at its step
 
 

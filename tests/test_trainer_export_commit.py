@@ -75,7 +75,8 @@ def test_a_failed_commit_is_one_line_and_the_rerun_commits(tmp_path, monkeypatch
     """Storage failing at the commit point (metrics.json) ends the run with one
     line; nothing is committed, and the same command again exports and commits."""
     import tensorflow as tf
-    from trainer import __main__ as cli, outputs
+    from trainer import __main__ as cli
+    from trainer.run import outputs
     data, model_dir = str(tmp_path / "data"), str(tmp_path / "m")
     trainer_data.write_dataset(data, num_train=64, num_test=20, train_shards=1,
                                test_shards=1)

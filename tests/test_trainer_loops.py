@@ -10,9 +10,10 @@ import pytest
 import tensorflow as tf
 
 from tests import trainer_data
-from trainer import controller as controller_lib, custom_loop, data, eval_metrics
-from trainer import model as model_lib
 from trainer.config import TrainConfig
+from trainer.data import input_pipeline, splits
+from trainer.loop import controller as controller_lib, custom_loop, eval_metrics
+from trainer.model import models as model_lib
 
 
 @pytest.mark.tf221  # the TPU build of TensorFlow has no XLA CPU backend
@@ -20,8 +21,8 @@ def test_train_step_compiles_with_xla_on_cpu():
     """jit_compile=True: the TPU-safety check that runs without a TPU."""
     out = f"ram://xla-{uuid.uuid4().hex}"
     trainer_data.write_dataset(out, num_train=64, num_test=8)
-    files = data.split_files(out, data.load_manifest(out), "train")
-    ds = data.train_dataset(files, 16, tf.distribute.InputContext())
+    files = splits.split_files(out, splits.load_manifest(out), "train")
+    ds = input_pipeline.train_dataset(files, 16, tf.distribute.InputContext())
     strategy = tf.distribute.get_strategy()
     config = TrainConfig(data=out, model_dir="-", global_batch_size=16,
                          steps_per_execution=3, jit_compile=True)

@@ -1,4 +1,4 @@
-"""The models (`trainer.model`): architectures and the bfloat16 policy."""
+"""The models (`trainer.model.models`): architectures and the bfloat16 policy."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
-from trainer import model as model_lib
 from trainer.errors import TrainerError
+from trainer.model import models as model_lib
 
 
 def test_models():

@@ -41,21 +41,22 @@ def run_workers(argv_for, timeout: int = 240,
 INSPECT = textwrap.dedent(r'''
     import json, logging, sys
     import trainer
-    from trainer import data, strategy as strategy_lib
+    from trainer import strategy as strategy_lib
     from trainer.config import TrainConfig
+    from trainer.data import input_pipeline, splits
     import mnist_contract as contract
 
     warnings = []
     class Keep(logging.Handler):
         def emit(self, record):
             warnings.append(record.getMessage())
-    logging.getLogger("trainer.data").addHandler(Keep(logging.WARNING))
+    logging.getLogger("trainer.data.input_pipeline").addHandler(Keep(logging.WARNING))
 
     strategy = strategy_lib.make_strategy("multi_worker")
     result = {"replicas": strategy.num_replicas_in_sync,
               "chief": strategy_lib.is_chief(strategy)}
     for name in sys.argv[1:]:
-        files = data.split_files(name, data.load_manifest(name), "train")
+        files = splits.split_files(name, splits.load_manifest(name), "train")
         contexts = []
         def dataset_fn(ctx, build):
             contexts.append([ctx.num_input_pipelines, ctx.input_pipeline_id])
@@ -63,24 +64,24 @@ INSPECT = textwrap.dedent(r'''
         # Global batch 2 on 2 replicas: one example per step per worker, so
         # one epoch of this worker's pipeline is exactly its share of steps.
         dist = strategy.distribute_datasets_from_function(
-            lambda c: dataset_fn(c, lambda ctx: data.train_dataset(files, 2, ctx)))
-        share = data.pipeline_example_counts(files.counts, 2)
+            lambda c: dataset_fn(c, lambda ctx: input_pipeline.train_dataset(files, 2, ctx)))
+        share = input_pipeline.pipeline_example_counts(files.counts, 2)
         it = iter(dist)
         seen = []
         for _ in range(max(share)):
             for local in strategy.experimental_local_results(next(it)):
                 seen.extend(local[contract.INDEX_KEY].numpy().tolist())
-        test_files = data.split_files(name, data.load_manifest(name), "test")
+        test_files = splits.split_files(name, splits.load_manifest(name), "test")
         dist = strategy.distribute_datasets_from_function(
-            lambda c: dataset_fn(c, lambda ctx: data.eval_dataset(test_files, 4, ctx)))
+            lambda c: dataset_fn(c, lambda ctx: input_pipeline.eval_dataset(test_files, 4, ctx)))
         # The eval builder's step count, as the trainer gets it.
-        _, steps = data.eval_input(strategy, test_files,
+        _, steps = input_pipeline.eval_input(strategy, test_files,
                                    TrainConfig(data=name, model_dir="-", global_batch_size=4))
         it = iter(dist)
         seen_test = []
         for _ in range(steps):
             for local in strategy.experimental_local_results(next(it)):
-                w = local[data.WEIGHT_KEY].numpy() > 0
+                w = local[input_pipeline.WEIGHT_KEY].numpy() > 0
                 seen_test.extend(local[contract.INDEX_KEY].numpy()[w].tolist())
         result[name] = {"contexts": contexts, "share": share, "train": seen,
                         "test": seen_test, "warnings": list(warnings)}

@@ -1,4 +1,4 @@
-"""SIGTERM to one of two MultiWorkerMirroredStrategy workers (`trainer.preemption`).
+"""SIGTERM to one of two MultiWorkerMirroredStrategy workers (`trainer.run.preemption`).
 
 A preempted VM or pod gets the signal alone; its peers train on inside the
 same collectives. Each case starts an uninterrupted two-worker reference

@@ -41,7 +41,8 @@ import tensorflow as tf
 
 from tests import trainer_data
 from tests.helpers import REPO
-from trainer import controller, outputs
+from trainer.loop import controller
+from trainer.run import outputs
 
 pytestmark = pytest.mark.slow
 

@@ -21,8 +21,8 @@ from mnist_contract import lockfile
 from tests import trainer_data
 from tests.helpers import EMULATOR_BUCKET, RefusingGcsServer, free_port
 from tests.trainer_runs import errors, start
-from trainer import run_lock
 from trainer.errors import TrainerError
+from trainer.run import lock as run_lock
 
 HOLDER = re.compile(r"in use by run \w+ \(host [^,]+, pid \d+, started \S+Z, "
                     r"heartbeat \d+s ago\)")
@@ -231,6 +231,6 @@ def test_two_trainers_on_one_model_dir(tmp_path):
 
 
 def test_the_trainer_does_not_import_pipeline():
-    code = ("import sys, trainer.run_lock, trainer.train; "
+    code = ("import sys, trainer.run.lock, trainer.train; "
             "sys.exit(any(m == 'pipeline' or m.startswith('pipeline.') for m in sys.modules))")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0

@@ -1,4 +1,4 @@
-"""A stop request (`trainer.preemption`) seen by the controller, and the
+"""A stop request (`trainer.run.preemption`) seen by the controller, and the
 Keras loop's checkpoint cadence: fast, in-process checks of what
 tests/test_trainer_preemption.py shows end to end."""
 
@@ -11,8 +11,10 @@ import signal
 import pytest
 import tensorflow as tf
 
-from trainer import controller as controller_lib, keras_loop, model as model_lib, preemption
 from trainer.config import TrainConfig
+from trainer.loop import controller as controller_lib, keras_loop
+from trainer.model import models as model_lib
+from trainer.run import preemption
 from trainer.train import train_and_evaluate
 
 

@@ -15,8 +15,8 @@ from tensorboard.plugins.hparams import metadata as hparams_metadata
 import mnist_contract as contract
 from tests import trainer_data
 from tests.helpers import run_results_script
-from trainer import __main__ as cli
-from trainer import predict, summaries
+from trainer import __main__ as cli, predict
+from trainer.loop import summaries
 
 pytestmark = pytest.mark.slow
 
@@ -168,7 +168,7 @@ def test_evaluator_sums_across_replicas(tmp_path):
         strategy_lib.split_cpu(2)
         import numpy as np
         import tensorflow as tf
-        from trainer import eval_metrics
+        from trainer.loop import eval_metrics
 
         strategy = tf.distribute.MirroredStrategy(["CPU:0", "CPU:1"])
         with strategy.scope():

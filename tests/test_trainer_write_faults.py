@@ -63,7 +63,7 @@ def test_disk_full_at_a_checkpoint(trainer_dataset, small_disk):
 def test_disk_full_at_the_export(trainer_dataset, small_disk):
     model_dir = small_disk / "model"
     line = one_error_line(train(trainer_dataset(**DATASET), model_dir))
-    # The export is written into a staging folder first (`trainer.outputs`).
+    # The export is written into a staging folder first (`trainer.run.outputs`).
     assert re.fullmatch(
         rf"error: {re.escape(str(model_dir))}/\.export\.new-\w+: cannot write the export "
         r"\(No space left on device\); training is complete and checkpointed, a rerun "

@@ -95,6 +95,6 @@ def test_arrays(num_test: int = 37, seed: int = 0):
 
 
 def read_metrics(model_dir: str) -> dict:
-    """The ``model_dir/metrics.json`` a finished run wrote (see trainer/outputs.py)."""
+    """The ``model_dir/metrics.json`` a finished run wrote (see trainer/run/outputs.py)."""
     with tf.io.gfile.GFile(contract.join_path(model_dir, "metrics.json"), "r") as f:
         return json.loads(f.read())

@@ -1,5 +1,21 @@
 """Trains on the pipeline's TFRecords under any tf.distribute strategy (TPU included).
 
+The flow, one folder or module per step:
+
+    __main__, config         the command line, parsed once into `config.TrainConfig`
+    train                    `train_and_evaluate`: data → model → loop → export → commit
+    data/                    the manifest, the splits' files and their checks, tf.data
+    model/                   models, optimizer and schedule, augmentation, export
+    loop/                    the controller (outer loop), the Keras and custom inner
+                             loops, the evaluator, TensorBoard summaries
+    run/                     the model_dir's safety: layout and commit, lock, dataset
+                             pin, checkpoint repair, resume checks, preemption
+    predict                  ``python -m trainer.predict``: the export on PNGs or a split
+
+Beside them: `strategy` (TPU, Mirrored, MultiWorker, default), `names` (model,
+schedule and precision names), `errors` (`TrainerError`: one line, no
+traceback), `quiet` and `_compat` (every private TensorFlow reach).
+
 Keras flavour: this package uses tf-keras (Keras 2), imported explicitly as
 ``import tf_keras as keras``, and sets ``TF_USE_LEGACY_KERAS=1`` before
 TensorFlow is imported so that ``tf.keras`` resolves to the same library.

@@ -4,7 +4,7 @@ A thin entry point: flags → `TrainConfig` (`trainer.config.parse_flags`,
 whose default ``--preset=auto`` is settled once TensorFlow has started
 quietly), `trainer.train.train_and_evaluate`, one line of final metrics. Expected
 failures (`TrainerError`) end with one line on stderr and exit status 1,
-no traceback. A stop on SIGTERM or SIGINT (`trainer.preemption`) ends with
+no traceback. A stop on SIGTERM or SIGINT (`trainer.run.preemption`) ends with
 one line and exit status 143 or 130; so does Ctrl-C outside training.
 
 TensorFlow's C++ start-up lines are hidden (`trainer.quiet`); the level
@@ -29,7 +29,7 @@ from typing import Optional, Sequence  # noqa: E402
 import trainer  # noqa: E402,F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 from trainer.config import TrainConfig, parse_flags, strategy_is_tpu  # noqa: E402
 from trainer.errors import TrainerError  # noqa: E402
-from trainer.preemption import EXIT_STATUS, Stopped  # noqa: E402
+from trainer.run.preemption import EXIT_STATUS, Stopped  # noqa: E402
 
 
 def _quiet_tensorflow_start(config: TrainConfig) -> None:

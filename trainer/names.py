@@ -1,6 +1,6 @@
 """The names of the models, learning-rate schedules and precisions.
 
-`trainer.config` offers them as flag choices and `trainer.model` builds
+`trainer.config` offers them as flag choices and `trainer.model.models` builds
 them; both import them from here, which needs no TensorFlow, so ``--help``
 lists them without loading it.
 """

@@ -1,6 +1,6 @@
 """``python -m trainer.predict --model_dir=DIR (IMAGE.png ... | --data=DIR --split=test)``.
 
-Runs the trainer's export (``MODEL_DIR/export``, see `trainer.export`)
+Runs the trainer's export (``MODEL_DIR/export``, see `trainer.model.export`)
 through its ``serving_default`` signature, the way a server would: raw
 uint8 pixels in, ``probabilities`` and ``class`` out.
 
@@ -8,7 +8,7 @@ uint8 pixels in, ``probabilities`` and ``class`` out.
   white digit on black like MNIST. One line per file:
   ``FILE class=7 probability=0.9991``.
 * ``--data=DIR --split=test [--limit=N]``: the conversion job's output,
-  read by the trainer's own input code (`trainer.data`: manifest, file
+  read by the trainer's own input code (`trainer.data.input_pipeline`: manifest, file
   checks, decoding) and ``tf.data``, so a ``gs://`` prefix works too. One
   line per example (``index=12 label=7 class=7 probability=0.9991``), then
   ``accuracy=0.9870 (987/1000) on split test``.
@@ -36,9 +36,10 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import mnist_contract as contract  # noqa: E402
-from trainer import data, outputs  # noqa: E402
+from trainer.data import input_pipeline, splits  # noqa: E402
 from trainer.errors import TrainerError, summarize_error  # noqa: E402
-from trainer.export import SIGNATURE_INPUT  # noqa: E402
+from trainer.model.export import SIGNATURE_INPUT  # noqa: E402
+from trainer.run import outputs  # noqa: E402
 
 BATCH = 256
 
@@ -49,7 +50,7 @@ def load_signature(model_dir: str):
     if not tf.io.gfile.exists(contract.join_path(path, "saved_model.pb")):
         raise TrainerError(f"{path}: no SavedModel (train with --model_dir={model_dir} first)")
     problem = outputs.uncommitted(model_dir)
-    if problem:  # the pair export + metrics.json is not one run's (`trainer.outputs`)
+    if problem:  # the pair export + metrics.json is not one run's (`trainer.run.outputs`)
         raise TrainerError(f"{path}: not committed ({problem}); run the trainer with "
                            f"--model_dir={model_dir} again to finish it")
     try:
@@ -93,13 +94,13 @@ def split_batches(data_dir: str, split: str, limit: Optional[int]) -> Iterator[d
     """Batches of ``{image uint8 [n,28,28,1], label, index}`` of one split, in file order.
 
     The manifest, the split's files and the decoding are the trainer's own
-    (`trainer.data`), so predictions see exactly the pixels training saw.
+    (`trainer.data.input_pipeline`), so predictions see exactly the pixels training saw.
     """
-    files = data.split_files(data_dir, data.load_manifest(data_dir), split)
+    files = splits.split_files(data_dir, splits.load_manifest(data_dir), split)
     ds = tf.data.TFRecordDataset(list(files.files), compression_type=files.compression_type)
     if limit is not None:
         ds = ds.take(limit)
-    ds = ds.batch(BATCH).map(lambda s: data.decode_batch(s, files.image_format)).prefetch(1)
+    ds = ds.batch(BATCH).map(lambda s: input_pipeline.decode_batch(s, files.image_format)).prefetch(1)
     try:
         for batch in ds:
             yield {k: v.numpy() for k, v in batch.items()}

@@ -1,11 +1,11 @@
 """The one entry point: `train_and_evaluate(config)` → final metrics.
 
 It reads the pipeline's manifest, checks the shards, picks the strategy and
-runs the shared skeleton (`trainer.controller`): model and optimizer,
+runs the shared skeleton (`trainer.loop.controller`): model and optimizer,
 restore, evaluation input and controller, then the Keras or the custom inner
 loop, then the export. Both loops return the same dict (see
 `train_and_evaluate`) and write the same layout under ``model_dir`` (see
-`trainer.outputs`).
+`trainer.run.outputs`).
 
 Expected failures surface as `TrainerError` with one line naming the file or
 setting: among them a corrupt record, which TensorFlow reports as
@@ -28,13 +28,16 @@ import tf_keras
 
 import mnist_contract as contract
 from mnist_contract import join_path
-from trainer import checkpoints, checks, controller as controller_lib, custom_loop, data
-from trainer import dataset_pin, export, run_lock
-from trainer import keras_loop
-from trainer import model as model_lib, outputs, preemption, strategy as strategy_lib, summaries
-from trainer.evaluator import Evaluator
+from trainer import strategy as strategy_lib
 from trainer.config import TrainConfig
+from trainer.data import checks, input_pipeline
+from trainer.data.splits import SplitFiles, read_manifest, split_files
+from trainer.data.splits import steps_per_epoch as split_steps_per_epoch
 from trainer.errors import TrainerError, os_reason, summarize_error
+from trainer.loop import controller as controller_lib, custom_loop, keras_loop, summaries
+from trainer.loop.evaluator import Evaluator
+from trainer.model import export, models as model_lib
+from trainer.run import checkpoints, dataset_pin, lock as run_lock, outputs, preemption
 
 log = logging.getLogger(__name__)
 
@@ -57,11 +60,11 @@ def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict
 
     ``callbacks`` are extra Keras callbacks (Keras loop only).
 
-    Also ``dataset`` (the data's path and manifest sha256, `trainer.dataset_pin`)
-    and ``export_id`` (the id ``model_dir/export`` carries, `trainer.outputs`).
-    The chief holds ``model_dir``'s lock (`trainer.run_lock`) for the run.
+    Also ``dataset`` (the data's path and manifest sha256, `trainer.run.dataset_pin`)
+    and ``export_id`` (the id ``model_dir/export`` carries, `trainer.run.outputs`).
+    The chief holds ``model_dir``'s lock (`trainer.run.lock`) for the run.
     """
-    checks.check_model_dir(config.model_dir)
+    outputs.check_model_dir(config.model_dir)
     splits, pin = _read_splits(config)
     # Before any tf.data work: a CPU split or a multi-worker strategy must be
     # set up before TensorFlow's runtime starts.
@@ -71,9 +74,9 @@ def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict
         raise TrainerError("Keras callbacks need --loop=keras")
     if config.seed is not None:
         # Initial weights (and Python/NumPy randomness); the input order is
-        # seeded in `trainer.data`.
+        # seeded in `trainer.data.input_pipeline`.
         tf_keras.utils.set_random_seed(config.seed)
-    checks.check_model_dir(config.model_dir, create=True)
+    outputs.check_model_dir(config.model_dir, create=True)
     chief = strategy_lib.is_chief(strategy)
     lock = run_lock.acquire(config.model_dir) if chief else None
     try:
@@ -94,7 +97,7 @@ def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict
 
 
 def _commit(model_dir: str, staged: str, metrics: dict) -> None:
-    """`trainer.outputs.commit_export`, a storage failure as one line.
+    """`trainer.run.outputs.commit_export`, a storage failure as one line.
 
     Until ``metrics.json`` is written nothing is committed (predict refuses
     an export it does not name), and the checkpoints are complete, so a rerun
@@ -114,7 +117,7 @@ class _Run:
 
     config: TrainConfig
     strategy: tf.distribute.Strategy
-    splits: tuple[data.SplitFiles, data.SplitFiles]
+    splits: tuple[SplitFiles, SplitFiles]
     steps_per_epoch: int
     pin: dataset_pin.DatasetPin
     run_id: str
@@ -152,14 +155,14 @@ def _prepare_model_dir(config: TrainConfig, pin: dataset_pin.DatasetPin) -> None
 def _read_splits(config: TrainConfig):
     """The manifest's train and test files, each checked to exist with its size,
     and the dataset's identity."""
-    manifest, raw = data.read_manifest(config.data)
+    manifest, raw = read_manifest(config.data)
     pin = dataset_pin.DatasetPin.of(config.data, manifest, raw)
-    return (data.split_files(config.data, manifest, "train"),
-            data.split_files(config.data, manifest, "test")), pin
+    return (split_files(config.data, manifest, "train"),
+            split_files(config.data, manifest, "test")), pin
 
 
 def _check_inputs(config: TrainConfig, strategy: tf.distribute.Strategy,
-                  splits: Sequence[data.SplitFiles]) -> int:
+                  splits: Sequence[SplitFiles]) -> int:
     """Checks the records' format and the batch split; logs the run's shape.
 
     Returns the steps per epoch.
@@ -173,7 +176,7 @@ def _check_inputs(config: TrainConfig, strategy: tf.distribute.Strategy,
     config.check_replicas(replicas)
     if config.jit_compile:
         strategy_lib.check_jit_compile(strategy)
-    steps_per_epoch = data.steps_per_epoch(train_files, config)
+    steps_per_epoch = split_steps_per_epoch(train_files, config)
     config.check_total_steps(config.epochs * steps_per_epoch)
     hosts = strategy_lib.num_hosts(strategy)
     log.info("%s; %d train / %d test examples; %d steps per epoch; global batch %d "
@@ -216,11 +219,11 @@ def _run(run: _Run, callbacks: Sequence) -> dict:
     """The skeleton: build, restore, train (inner loop), evaluate, export.
 
     The chief's export goes to a staging folder (``staged`` in the result)
-    for `trainer.outputs.commit_export`.
+    for `trainer.run.outputs.commit_export`.
     """
     config, strategy, (train_files, test_files) = run.config, run.strategy, run.splits
     model, optimizer = model_lib.build(config, strategy, config.epochs * run.steps_per_epoch)
-    test_ds, eval_steps = data.eval_input(strategy, test_files, config)
+    test_ds, eval_steps = input_pipeline.eval_input(strategy, test_files, config)
     evaluator = Evaluator(
         strategy, model, test_ds, eval_steps, expected_examples=test_files.num_examples,
         origin=join_path(config.data, contract.MANIFEST_FILE))
@@ -253,11 +256,11 @@ def _run(run: _Run, callbacks: Sequence) -> dict:
 
 def _train_custom(config: TrainConfig, strategy: tf.distribute.Strategy,
                   model: tf_keras.Model, optimizer, controller: controller_lib.Controller,
-                  train_files: data.SplitFiles) -> None:
+                  train_files: SplitFiles) -> None:
     """The custom inner loop on a train stream resumed at the controller's
     step, driven by the controller's outer loop."""
     loop = custom_loop.CustomLoop(config, strategy, model, optimizer)
-    dataset = data.train_input(strategy, train_files, config, start_step=controller.step)
+    dataset = input_pipeline.train_input(strategy, train_files, config, start_step=controller.step)
     controller.train(loop, iter(dataset))
 
 
@@ -270,9 +273,9 @@ def _collective_reason(error: tf.errors.OpError) -> str:
 
 
 def _corrupt_data_error(error: tf.errors.DataLossError,
-                        splits: Sequence[data.SplitFiles]) -> TrainerError:
+                        splits: Sequence[SplitFiles]) -> TrainerError:
     for split in splits:
-        found = data.find_corrupt_file(split)
+        found = input_pipeline.find_corrupt_file(split)
         if found:
             path, message = found
             return TrainerError(f"{path}: corrupt TFRecord data ({message})")

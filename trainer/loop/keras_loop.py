@@ -1,15 +1,15 @@
 """The Keras inner loop: ``Model.fit`` with ``steps_per_execution``.
 
-``compile(steps_per_execution=N)`` (done in `trainer.model.build`)
+``compile(steps_per_execution=N)`` (done in `trainer.model.models.build`)
 makes Keras run N steps inside one ``tf.function`` call; on a TPU that
 removes a host round trip per step (the "Use TPUs" guide reports ~1.5x),
 and on CPU it removes Python and dispatch overhead.
 
 Everything else comes from the shared skeleton. Fit owns its loop, so the
 controller cannot drive it as it drives the custom loop
-(`trainer.controller.Controller.train`); instead a thin callback adapter
+(`trainer.loop.controller.Controller.train`); instead a thin callback adapter
 hands each call's end, and each epoch's, to the same
-`trainer.controller.Controller` decisions, which log, checkpoint, evaluate
+`trainer.loop.controller.Controller` decisions, which log, checkpoint, evaluate
 and profile exactly as for the custom loop (fit gets no validation data and
 no TensorBoard or checkpoint callbacks of its own).
 
@@ -35,9 +35,9 @@ import tensorflow as tf
 import tf_keras as keras
 
 import mnist_contract as contract
-from trainer import data
 from trainer.config import TrainConfig
-from trainer.controller import Controller
+from trainer.data import input_pipeline, splits
+from trainer.loop.controller import Controller
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ def _log_checkpoint_cadence(config: TrainConfig, steps_per_epoch: int) -> None:
 
 
 def train(config: TrainConfig, strategy: tf.distribute.Strategy, model: keras.Model,
-          controller: Controller, train_split: data.SplitFiles,
+          controller: Controller, train_split: splits.SplitFiles,
           callbacks: Sequence[keras.callbacks.Callback] = ()) -> None:
     """Fits from the controller's step to the end of the last epoch."""
     spe, step = controller.steps_per_epoch, controller.step
@@ -107,7 +107,7 @@ def train(config: TrainConfig, strategy: tf.distribute.Strategy, model: keras.Mo
     hooks = [*progress, _Hooks(controller), *callbacks]
 
     def fit(start: int, first_epoch: int, epochs: int, steps: int) -> None:
-        dataset = data.train_input(strategy, train_split, config, start_step=start,
+        dataset = input_pipeline.train_input(strategy, train_split, config, start_step=start,
                                       postprocess=keras_batch)
         model.fit(dataset, initial_epoch=first_epoch, epochs=epochs,
                   steps_per_epoch=steps, callbacks=hooks, verbose=config.verbose)

@@ -5,7 +5,7 @@
 * ``small``: the same layers, 8/8/32/32 wide; a quick model for tests.
 * ``convnet``: the CPU recipe. The classic Keras MNIST convnet
   (conv-pool-conv-pool, dropout before the classifier) with a dense layer
-  of 128, trained with augmentation (`trainer.augment`) and a warmup +
+  of 128, trained with augmentation (`trainer.model.augment`) and a warmup +
   cosine learning-rate schedule (`make_optimizer`).
 
 All are built by `build_model`, which must run inside ``strategy.scope()``
@@ -14,7 +14,7 @@ so that variables are created as mirrored/TPU variables. Under the
 ``mixed_bfloat16`` policy the layers compute in bfloat16 (the TPU's native
 matmul type) while the last layer is forced to float32, so logits, the
 softmax cross-entropy and the metrics keep full precision. Inputs are
-float images in [0, 1]; the export (`trainer.export`) wraps the model with
+float images in [0, 1]; the export (`trainer.model.export`) wraps the model with
 the uint8 → [0, 1] step so that served models take raw pixels.
 """
 
@@ -25,10 +25,11 @@ import tensorflow as tf
 import tf_keras as keras
 
 import mnist_contract as contract
-from trainer.augment import RandomAffine
 from trainer.config import TrainConfig
 from trainer.errors import TrainerError
-from trainer.names import MODELS, PRECISIONS, SCHEDULES
+from trainer.model.augment import RandomAffine
+from trainer.model.optimizer import make_optimizer
+from trainer.names import MODELS, PRECISIONS
 
 # (conv filters, conv filters, dense units, dense units)
 GUIDE_WIDTHS = {
@@ -109,38 +110,3 @@ def build(config: TrainConfig, strategy: tf.distribute.Strategy,
                       steps_per_execution=config.steps_per_execution,
                       jit_compile=config.jit_compile)
     return model, optimizer
-
-
-def make_optimizer(learning_rate: float, schedule: str, total_steps: int,
-                   warmup_steps: int) -> keras.optimizers.Optimizer:
-    """Adam with the learning rate of `learning_rate_schedule`."""
-    return keras.optimizers.Adam(
-        learning_rate_schedule(learning_rate, schedule, total_steps, warmup_steps))
-
-
-def learning_rate_schedule(learning_rate: float, schedule: str, total_steps: int,
-                           warmup_steps: int):
-    """A linear warmup from 0 over ``warmup_steps``, and then
-
-    * ``constant``: ``learning_rate`` to the end;
-    * ``cosine``: a cosine decay from ``learning_rate`` to 0 at ``total_steps``.
-
-    Built from Keras' own ``CosineDecay`` (its ``alpha=1`` is a constant), so a
-    saved optimizer needs no custom objects to load. A plain float when
-    there is nothing to schedule.
-    """
-    if schedule not in SCHEDULES:
-        raise TrainerError(f"unknown --lr_schedule {schedule!r} (have {list(SCHEDULES)})")
-    if warmup_steps < 0 or total_steps < 1:
-        raise TrainerError(f"bad schedule length: {total_steps} steps, "
-                           f"{warmup_steps} warmup steps")
-    warmup_steps = min(warmup_steps, total_steps)
-    if schedule == "constant" and not warmup_steps:
-        return learning_rate
-    return keras.optimizers.schedules.CosineDecay(
-        initial_learning_rate=0.0 if warmup_steps else learning_rate,
-        decay_steps=max(total_steps - warmup_steps, 1),
-        alpha=1.0 if schedule == "constant" else 0.0,
-        warmup_target=learning_rate if warmup_steps else None,
-        warmup_steps=warmup_steps)
-

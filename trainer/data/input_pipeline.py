@@ -45,7 +45,6 @@ it.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 from typing import Any, Callable, Optional, Sequence
@@ -55,9 +54,10 @@ import tensorflow as tf
 
 import mnist_contract as contract
 from mnist_contract import examples
-from trainer import checks
 from trainer.config import TrainConfig
-from trainer.errors import TrainerError, summarize_error
+from trainer.data import checks
+from trainer.data.splits import SplitFiles
+from trainer.errors import summarize_error
 
 log = logging.getLogger(__name__)
 
@@ -68,77 +68,6 @@ MAX_PARALLEL_FILES = 16
 # parallel interleave ran at ~0.55x the speed of from_tensor_slices when it
 # moved records one by one, ~0.8-1x with blocks of 256.
 RECORDS_PER_READ = 256
-
-
-def load_manifest(data_dir: str) -> contract.Manifest:
-    """Reads ``manifest.json`` from ``data_dir`` (any tf.io.gfile path)."""
-    return read_manifest(data_dir)[0]
-
-
-def read_manifest(data_dir: str) -> tuple[contract.Manifest, bytes]:
-    """`load_manifest` and the bytes it parsed (their sha256 identifies the dataset)."""
-    path = contract.join_path(data_dir, contract.MANIFEST_FILE)
-    journal = contract.join_path(data_dir, contract.PUBLISH_JOURNAL_FILE)
-    try:
-        is_dir = tf.io.gfile.isdir(data_dir)
-        has_manifest = is_dir and tf.io.gfile.exists(path)
-        # Present during (or after an interrupted) publish: the files may mix two datasets.
-        interrupted = is_dir and tf.io.gfile.exists(journal)
-    except tf.errors.OpError as e:  # e.g. gs:// without credentials or network
-        raise TrainerError(f"{data_dir}: cannot access ({summarize_error(e)})") from None
-    if not is_dir:
-        raise TrainerError(f"{data_dir}: data directory not found")
-    if interrupted:
-        raise TrainerError(contract.interrupted_publish_message(journal, b""))
-    if not has_manifest:
-        raise TrainerError(
-            f"{path}: no {contract.MANIFEST_FILE} (not a complete pipeline output; "
-            "the pipeline writes it last)")
-    try:
-        with tf.io.gfile.GFile(path, "rb") as f:
-            raw = f.read()
-        return contract.Manifest.from_json(raw, origin=path), raw
-    except contract.ContractError as e:
-        raise TrainerError(str(e)) from None
-    except tf.errors.OpError as e:
-        raise TrainerError(f"{path}: cannot read ({summarize_error(e)})") from None
-
-
-
-@dataclasses.dataclass(frozen=True)
-class SplitFiles:
-    """One split's files (full paths) and per-file example counts."""
-
-    name: str
-    files: tuple[str, ...]
-    counts: tuple[int, ...]
-    image_format: str
-    compression_type: str  # for TFRecordDataset: "" or "GZIP"
-    sizes: tuple[int, ...] = ()  # the manifest's num_bytes per file
-    sha256s: tuple[str, ...] = ()  # the manifest's sha256 per file
-
-    @property
-    def num_examples(self) -> int:
-        return sum(self.counts)
-
-
-def split_files(data_dir: str, manifest: contract.Manifest, split: str) -> SplitFiles:
-    """The files of ``split`` as listed in the manifest, each checked to exist
-    with the manifest's size (`trainer.checks.check_sizes`)."""
-    try:
-        info = manifest.split(split)
-    except contract.ContractError as e:
-        raise TrainerError(f"{contract.join_path(data_dir, contract.MANIFEST_FILE)}: {e}") from None
-    if not info.shards or info.num_examples == 0:
-        raise TrainerError(f"{data_dir}: split {split!r} has no examples")
-    paths = tuple(contract.join_path(data_dir, shard.file) for shard in info.shards)
-    sizes = tuple(shard.num_bytes for shard in info.shards)
-    checks.check_sizes(paths, sizes)
-    return SplitFiles(name=split, files=paths,
-                      counts=tuple(s.num_examples for s in info.shards),
-                      image_format=manifest.image_format,
-                      compression_type=manifest.tf_compression_type, sizes=sizes,
-                      sha256s=tuple(shard.sha256 for shard in info.shards))
 
 
 def shards_files(num_files: int, num_pipelines: int) -> bool:
@@ -210,16 +139,6 @@ def _pad_batch(batch: dict[str, tf.Tensor], size: int) -> dict[str, tf.Tensor]:
 
 
 Postprocess = Optional[Callable[[dict], Any]]
-
-
-def steps_per_epoch(split: SplitFiles, config: TrainConfig) -> int:
-    """``--steps_per_epoch``, or as many whole global batches as the split fills."""
-    steps = config.steps_per_epoch or split.num_examples // config.global_batch_size
-    if steps < 1:
-        raise TrainerError(
-            f"{config.data}: the {split.name} split has {split.num_examples} examples, "
-            f"fewer than one global batch of {config.global_batch_size}")
-    return steps
 
 
 def pipeline_files(split: SplitFiles, ctx: tf.distribute.InputContext) -> tuple[str, ...]:

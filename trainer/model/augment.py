@@ -12,7 +12,7 @@ Its random numbers come from a ``tf.random.Generator`` that the layer owns
 variable, so it is saved in checkpoints and a resumed run continues the same
 stream; created inside ``strategy.scope()`` it gives every replica its own
 stream. At inference (``training`` false) the layer passes images through
-untouched, and `trainer.export` leaves it out of the served model altogether.
+untouched, and `trainer.model.export` leaves it out of the served model altogether.
 """
 
 from __future__ import annotations

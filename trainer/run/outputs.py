@@ -14,8 +14,8 @@ Layout::
                              plugins/profile/ with --profile_steps)
     model_dir/export/        the trained model (SavedModel)
     model_dir/metrics.json   the final metrics returned by train_and_evaluate
-    model_dir/dataset.json   the dataset the run is pinned to (`trainer.dataset_pin`)
-    model_dir/.lock          held by the running chief (`trainer.run_lock`)
+    model_dir/dataset.json   the dataset the run is pinned to (`trainer.run.dataset_pin`)
+    model_dir/.lock          held by the running chief (`trainer.run.lock`)
 
 The export and ``metrics.json`` are committed together (`commit_export`):
 the new export is saved under ``.export.new-<run id>/`` with its id in
@@ -38,6 +38,7 @@ import tensorflow as tf
 
 from mnist_contract import join_path
 from trainer import strategy as strategy_lib
+from trainer.errors import TrainerError, summarize_error
 
 log = logging.getLogger(__name__)
 
@@ -166,3 +167,36 @@ def discard_partial(path: str) -> str:
         return ""
     except tf.errors.OpError:
         return f"; remove the partial {path}"
+
+
+def check_model_dir(model_dir: str, create: bool = False) -> None:
+    """``model_dir`` is a folder or does not exist yet (a file is refused);
+    ``create``: make it."""
+    try:
+        exists = tf.io.gfile.exists(model_dir)
+        if exists and not tf.io.gfile.isdir(model_dir):
+            raise TrainerError(f"{model_dir}: --model_dir is a file, not a folder")
+        if create and not exists:
+            _check_bucket(model_dir)
+            tf.io.gfile.makedirs(model_dir)
+    except tf.errors.OpError as e:
+        raise TrainerError(f"{model_dir}: cannot create --model_dir "
+                           f"({summarize_error(e)})") from None
+
+
+def _check_bucket(model_dir: str) -> None:
+    """A ``gs://`` folder's bucket exists: under a bucket that does not,
+    TensorFlow's ``makedirs`` asks for the bucket again and again and never
+    returns. Asking needs ``storage.buckets.get``, which object-only roles
+    (``roles/storage.objectAdmin``) lack; a refusal says nothing of the
+    bucket, so ``makedirs`` goes ahead as without the check."""
+    if not model_dir.startswith("gs://"):
+        return
+    bucket = "gs://" + model_dir[len("gs://"):].split("/", 1)[0]
+    try:
+        found = tf.io.gfile.exists(bucket)
+    except tf.errors.PermissionDeniedError:
+        return
+    if not found:
+        raise TrainerError(f"{model_dir}: cannot create --model_dir (bucket {bucket} "
+                           "does not exist)")

@@ -19,7 +19,7 @@ What ``export_model`` writes, and why:
 
 The /255 is a Keras ``Normalization`` layer with mean 0 and variance 255²:
 it divides by sqrt(255²) = 255 exactly, the same float32 division the input
-pipeline applies (`trainer.data`), so the export's predictions on raw
+pipeline applies (`trainer.data.input_pipeline`), so the export's predictions on raw
 pixels are bit-identical to the trained model's on the pipeline's input
 (a ``Rescaling(1/255)`` multiplies, which differs in the last bit for
 about half of the 256 values).
@@ -33,9 +33,10 @@ import tf_keras as keras
 
 import mnist_contract as contract
 from mnist_contract import join_path
-from trainer import _compat, outputs
-from trainer.augment import RandomAffine
+from trainer import _compat
 from trainer.errors import TrainerError, os_reason
+from trainer.model.augment import RandomAffine
+from trainer.run import outputs
 
 SIGNATURE_INPUT = "images"
 
@@ -85,7 +86,7 @@ def serving_fn(model: keras.Model) -> tf.types.experimental.GenericFunction:
 
 
 def export_model(model: keras.Model, export_dir: str) -> None:
-    """Saves ``model`` (a trained `trainer.model.build_model` model) for serving.
+    """Saves ``model`` (a trained `trainer.model.models.build_model` model) for serving.
 
     Every worker calls it (saving runs collectives under multi-worker
     training); non-chief workers pass their scratch directory.

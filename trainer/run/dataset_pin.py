@@ -26,8 +26,8 @@ import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 
 import mnist_contract as contract
-from trainer import outputs
 from trainer.errors import TrainerError, summarize_error
+from trainer.run import outputs
 
 log = logging.getLogger(__name__)
 

@@ -3,30 +3,30 @@
 As in Orbit, the controller owns the loop around training and the inner
 loop only runs steps. Everything around the steps is here and is the same
 for both loops: the controller restores the newest checkpoint that restores
-(`trainer.checkpoints`; its settings checked by `trainer.resume`), and decides
+(`trainer.run.checkpoints`; its settings checked by `trainer.run.resume`), and decides
 when to log (TensorBoard ``logs/train``: ``loss``, ``accuracy``,
 ``examples_per_second`` every ``log_every`` steps and at epoch ends;
 ``logs/validation``: ``loss``, ``accuracy`` per epoch; and the images and
-settings of `trainer.summaries`: the input digits and the config at start,
+settings of `trainer.loop.summaries`: the input digits and the config at start,
 the confusion matrix and misclassified digits per epoch, the final test
 metrics at the end), checkpoint
 (``checkpoints/ckpt-<step>`` through ``tf.train.CheckpointManager``, at
 epoch ends and every ``checkpoint_every`` steps), evaluate (epoch ends,
-with a `trainer.evaluator.Evaluator`) and profile (``--profile_steps``),
-and stops on a SIGTERM or SIGINT (`trainer.preemption`): after the call that
-is running it saves that step and raises `trainer.preemption.Stopped`.
+with a `trainer.loop.evaluator.Evaluator`) and profile (``--profile_steps``),
+and stops on a SIGTERM or SIGINT (`trainer.run.preemption`): after the call that
+is running it saves that step and raises `trainer.run.preemption.Stopped`.
 The history of every epoch and the run's settings travel inside the
 checkpoint, so ``metrics.json`` after a resume holds the whole run. Before
 each evaluation and each checkpoint it checks that the data is still the
-run's (the ``check_inputs`` it is given, `trainer.dataset_pin`).
+run's (the ``check_inputs`` it is given, `trainer.run.dataset_pin`).
 
 * Custom loop: `Controller.train` is the outer loop. It picks the next stop
   (`Controller.next_stop`: the next log, checkpoint, profiler or epoch
-  boundary), has the inner loop (`trainer.custom_loop.CustomLoop`, an
+  boundary), has the inner loop (`trainer.loop.custom_loop.CustomLoop`, an
   `InnerLoop`) run that many steps, then acts on the boundary it reached
   (`Controller.after_train`, `Controller.end_epoch`).
 * Keras loop: ``Model.fit`` owns its loop and decides its own call
-  boundaries, so `trainer.keras_loop` hands fit's boundaries to the same
+  boundaries, so `trainer.loop.keras_loop` hands fit's boundaries to the same
   `after_train` and `end_epoch`, which reach the same decisions at the end
   of the call that crosses a boundary.
 """
@@ -46,11 +46,13 @@ import tensorflow as tf
 import tf_keras as keras
 
 from mnist_contract import join_path
-from trainer import checkpoints, outputs, resume, strategy as strategy_lib, summaries
+from trainer import strategy as strategy_lib
 from trainer.config import TrainConfig
-from trainer.evaluator import Evaluator
 from trainer.errors import TrainerError, os_reason
-from trainer.preemption import StopSignals, Stopped
+from trainer.loop import summaries
+from trainer.loop.evaluator import Evaluator
+from trainer.run import checkpoints, outputs, resume
+from trainer.run.preemption import StopSignals, Stopped
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +84,7 @@ class Controller:
                  check_inputs: Callable[[], None] = lambda: None,
                  signals: StopSignals | None = None):
         self.config, self.strategy, self.evaluator = config, strategy, evaluator
-        # Raises if the data changed since the run started (`trainer.dataset_pin`).
+        # Raises if the data changed since the run started (`trainer.run.dataset_pin`).
         self.check_inputs = check_inputs
         self.signals = signals
         self.steps_per_epoch = steps_per_epoch
@@ -128,7 +130,7 @@ class Controller:
             step_counter=self.optimizer.iterations)
 
     def restore(self) -> int:
-        """Restores the newest checkpoint that restores (`trainer.checkpoints`);
+        """Restores the newest checkpoint that restores (`trainer.run.checkpoints`);
         returns the step to start from.
 
         Every worker restores from the chief's ``model_dir/checkpoints`` (the
@@ -182,7 +184,7 @@ class Controller:
 
     def log_start(self, inputs: np.ndarray) -> None:
         """The run's settings (HParams) and a batch of its input digits
-        (`trainer.summaries.train_preview`), at the step training starts from."""
+        (`trainer.loop.summaries.train_preview`), at the step training starts from."""
         with self.run_writer.as_default(step=self.step):
             summaries.write_hparams(summaries.hparams_values(self.config,
                                                              self.steps_per_epoch))

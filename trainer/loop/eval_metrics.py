@@ -1,8 +1,8 @@
 """What an evaluation pass keeps besides loss and accuracy: the confusion matrix
-and the first misclassified test digits, for TensorBoard (`trainer.summaries`).
+and the first misclassified test digits, for TensorBoard (`trainer.loop.summaries`).
 
 Both are Keras metrics, so they accumulate inside the evaluator's one pass
-(`trainer.evaluator.Evaluator`, in the same ``strategy.run`` step) and their
+(`trainer.loop.evaluator.Evaluator`, in the same ``strategy.run`` step) and their
 variables are per-replica sums (``ON_READ``, ``SUM``): read after the pass,
 each is the total over every replica and worker. Both take the eval
 stream's weights, so padding rows count nowhere.

@@ -98,36 +98,3 @@ def check_eval_count(counted: int, expected: int, manifest_path: str) -> None:
         raise TrainerError(
             f"{manifest_path}: lists {expected} test examples, but evaluation read "
             f"{counted} from the test shards")
-
-
-def check_model_dir(model_dir: str, create: bool = False) -> None:
-    """``model_dir`` is a folder or does not exist yet (a file is refused);
-    ``create``: make it."""
-    try:
-        exists = tf.io.gfile.exists(model_dir)
-        if exists and not tf.io.gfile.isdir(model_dir):
-            raise TrainerError(f"{model_dir}: --model_dir is a file, not a folder")
-        if create and not exists:
-            _check_bucket(model_dir)
-            tf.io.gfile.makedirs(model_dir)
-    except tf.errors.OpError as e:
-        raise TrainerError(f"{model_dir}: cannot create --model_dir "
-                           f"({summarize_error(e)})") from None
-
-
-def _check_bucket(model_dir: str) -> None:
-    """A ``gs://`` folder's bucket exists: under a bucket that does not,
-    TensorFlow's ``makedirs`` asks for the bucket again and again and never
-    returns. Asking needs ``storage.buckets.get``, which object-only roles
-    (``roles/storage.objectAdmin``) lack; a refusal says nothing of the
-    bucket, so ``makedirs`` goes ahead as without the check."""
-    if not model_dir.startswith("gs://"):
-        return
-    bucket = "gs://" + model_dir[len("gs://"):].split("/", 1)[0]
-    try:
-        found = tf.io.gfile.exists(bucket)
-    except tf.errors.PermissionDeniedError:
-        return
-    if not found:
-        raise TrainerError(f"{model_dir}: cannot create --model_dir (bucket {bucket} "
-                           "does not exist)")

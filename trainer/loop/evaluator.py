@@ -1,4 +1,4 @@
-"""Exact evaluation of the padded, weighted eval stream (`trainer.data.eval_input`).
+"""Exact evaluation of the padded, weighted eval stream (`trainer.data.input_pipeline.eval_input`).
 
 The evaluator keeps its own metrics rather than the model's compiled ones,
 so ``test_loss`` means one thing in both loops: the mean cross-entropy over
@@ -7,7 +7,7 @@ the real test examples (no L2 term, padding excluded); and
 pass that read more or fewer examples than the manifest lists fails.
 
 The same pass also fills the confusion matrix and keeps the first
-misclassified digits (`trainer.eval_metrics`); `Evaluator.details` holds
+misclassified digits (`trainer.loop.eval_metrics`); `Evaluator.details` holds
 the last pass's, for TensorBoard.
 """
 
@@ -20,7 +20,8 @@ import tensorflow as tf
 import tf_keras as keras
 
 import mnist_contract as contract
-from trainer import checks, data, eval_metrics
+from trainer.data import checks, input_pipeline
+from trainer.loop import eval_metrics
 
 MISCLASSIFIED_KEPT = 25  # misclassified test digits kept per pass (and per replica)
 
@@ -48,7 +49,7 @@ class Evaluator:
 
     def _step(self, batch):
         logits = self.model(batch[contract.IMAGE_KEY], training=False)
-        weights, labels = batch[data.WEIGHT_KEY], batch[contract.LABEL_KEY]
+        weights, labels = batch[input_pipeline.WEIGHT_KEY], batch[contract.LABEL_KEY]
         for metric in self.metrics.values():
             metric.update_state(labels, logits, sample_weight=weights)
         self.count.update_state(weights)

@@ -1,6 +1,6 @@
 """What the trainer shows in TensorBoard besides its scalars: images and the run's settings.
 
-Both loops write the same (`trainer.controller` calls these at start, after
+Both loops write the same (`trainer.loop.controller` calls these at start, after
 each evaluation and at the end):
 
 * ``logs/train`` ``inputs``: at start, `PREVIEW_IMAGES` training digits as
@@ -36,10 +36,10 @@ import tf_keras as keras
 from tensorboard.plugins.hparams import api as hp
 
 import mnist_contract as contract
-from trainer import data
-from trainer.augment import RandomAffine
 from trainer.config import TrainConfig
-from trainer.eval_metrics import EvalDetails
+from trainer.data import input_pipeline, splits
+from trainer.loop.eval_metrics import EvalDetails
+from trainer.model.augment import RandomAffine
 
 PREVIEW_IMAGES = 64
 PREVIEW_SEED = 1
@@ -189,7 +189,7 @@ def write_test_metrics(result: Mapping) -> None:
 
 
 def train_preview(config: TrainConfig, model: keras.Model,
-                  split: data.SplitFiles) -> np.ndarray:
+                  split: splits.SplitFiles) -> np.ndarray:
     """float32 [PREVIEW_IMAGES, 28, 28, 1]: one batch of the training split, as the
     model's first layer receives it.
 
@@ -198,13 +198,13 @@ def train_preview(config: TrainConfig, model: keras.Model,
     through a copy of the model's `RandomAffine` (same settings, its own
     `PREVIEW_SEED`), so the training layer's random numbers are not either.
     It reads the split's first file only, one that the chief's own input
-    pipeline reads too (`trainer.data.pipeline_files`): the preview the chief
+    pipeline reads too (`trainer.data.input_pipeline.pipeline_files`): the preview the chief
     writes shows its own data, and each worker opens one file for it, not
     the whole split.
     """
     first = dataclasses.replace(split, files=split.files[:1], counts=split.counts[:1],
                                 sizes=split.sizes[:1], sha256s=split.sha256s[:1])
-    ds = data.train_dataset(first, PREVIEW_IMAGES, tf.distribute.InputContext(),
+    ds = input_pipeline.train_dataset(first, PREVIEW_IMAGES, tf.distribute.InputContext(),
                             shuffle_buffer=PREVIEW_IMAGES, seed=config.seed)
     with tf.device("CPU:0"):
         images = next(iter(ds))[contract.IMAGE_KEY]

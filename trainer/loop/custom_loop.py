@@ -5,7 +5,7 @@ under a strategy. Only the steps are here, in the shape of Orbit's
 ``StandardTrainer``: `CustomLoop.train` runs the number of steps it is
 given and returns the running epoch metrics. The outer loop (how many steps
 each call runs, and the logging, checkpoints, evaluation and profiling at
-each boundary) is `trainer.controller.Controller.train`; model, optimizer,
+each boundary) is `trainer.loop.controller.Controller.train`; model, optimizer,
 restore and export come from the shared skeleton as for the Keras loop.
 
 * ``_train_step`` runs on every replica via ``strategy.run``. The loss is

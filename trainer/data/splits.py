@@ -1,0 +1,102 @@
+"""What a dataset folder holds, as its manifest lists it: the splits' files.
+
+`read_manifest` reads ``manifest.json`` through ``tf.io.gfile`` (local,
+``gs://``, ``ram://``) and refuses a folder that is missing, mid-publish or
+incomplete; `split_files` lists a split's files with their example counts,
+sizes and sha256s, each checked to exist with its size
+(`trainer.data.checks.check_sizes`); `steps_per_epoch` is what a split
+gives at a global batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
+import tensorflow as tf
+
+import mnist_contract as contract
+from trainer.config import TrainConfig
+from trainer.data import checks
+from trainer.errors import TrainerError, summarize_error
+
+
+def load_manifest(data_dir: str) -> contract.Manifest:
+    """Reads ``manifest.json`` from ``data_dir`` (any tf.io.gfile path)."""
+    return read_manifest(data_dir)[0]
+
+
+def read_manifest(data_dir: str) -> tuple[contract.Manifest, bytes]:
+    """`load_manifest` and the bytes it parsed (their sha256 identifies the dataset)."""
+    path = contract.join_path(data_dir, contract.MANIFEST_FILE)
+    journal = contract.join_path(data_dir, contract.PUBLISH_JOURNAL_FILE)
+    try:
+        is_dir = tf.io.gfile.isdir(data_dir)
+        has_manifest = is_dir and tf.io.gfile.exists(path)
+        # Present during (or after an interrupted) publish: the files may mix two datasets.
+        interrupted = is_dir and tf.io.gfile.exists(journal)
+    except tf.errors.OpError as e:  # e.g. gs:// without credentials or network
+        raise TrainerError(f"{data_dir}: cannot access ({summarize_error(e)})") from None
+    if not is_dir:
+        raise TrainerError(f"{data_dir}: data directory not found")
+    if interrupted:
+        raise TrainerError(contract.interrupted_publish_message(journal, b""))
+    if not has_manifest:
+        raise TrainerError(
+            f"{path}: no {contract.MANIFEST_FILE} (not a complete pipeline output; "
+            "the pipeline writes it last)")
+    try:
+        with tf.io.gfile.GFile(path, "rb") as f:
+            raw = f.read()
+        return contract.Manifest.from_json(raw, origin=path), raw
+    except contract.ContractError as e:
+        raise TrainerError(str(e)) from None
+    except tf.errors.OpError as e:
+        raise TrainerError(f"{path}: cannot read ({summarize_error(e)})") from None
+
+
+
+@dataclasses.dataclass(frozen=True)
+class SplitFiles:
+    """One split's files (full paths) and per-file example counts."""
+
+    name: str
+    files: tuple[str, ...]
+    counts: tuple[int, ...]
+    image_format: str
+    compression_type: str  # for TFRecordDataset: "" or "GZIP"
+    sizes: tuple[int, ...] = ()  # the manifest's num_bytes per file
+    sha256s: tuple[str, ...] = ()  # the manifest's sha256 per file
+
+    @property
+    def num_examples(self) -> int:
+        return sum(self.counts)
+
+
+def split_files(data_dir: str, manifest: contract.Manifest, split: str) -> SplitFiles:
+    """The files of ``split`` as listed in the manifest, each checked to exist
+    with the manifest's size (`trainer.data.checks.check_sizes`)."""
+    try:
+        info = manifest.split(split)
+    except contract.ContractError as e:
+        raise TrainerError(f"{contract.join_path(data_dir, contract.MANIFEST_FILE)}: {e}") from None
+    if not info.shards or info.num_examples == 0:
+        raise TrainerError(f"{data_dir}: split {split!r} has no examples")
+    paths = tuple(contract.join_path(data_dir, shard.file) for shard in info.shards)
+    sizes = tuple(shard.num_bytes for shard in info.shards)
+    checks.check_sizes(paths, sizes)
+    return SplitFiles(name=split, files=paths,
+                      counts=tuple(s.num_examples for s in info.shards),
+                      image_format=manifest.image_format,
+                      compression_type=manifest.tf_compression_type, sizes=sizes,
+                      sha256s=tuple(shard.sha256 for shard in info.shards))
+
+
+def steps_per_epoch(split: SplitFiles, config: TrainConfig) -> int:
+    """``--steps_per_epoch``, or as many whole global batches as the split fills."""
+    steps = config.steps_per_epoch or split.num_examples // config.global_batch_size
+    if steps < 1:
+        raise TrainerError(
+            f"{config.data}: the {split.name} split has {split.num_examples} examples, "
+            f"fewer than one global batch of {config.global_batch_size}")
+    return steps
