@@ -253,20 +253,21 @@ def custom_ratio(split: splits.SplitFiles, batch: int, steps: int,
         config = TrainConfig(data="-", model_dir="-", epochs=1, steps_per_epoch=steps,
                              global_batch_size=batch, steps_per_execution=spe)
         lp = custom_loop.CustomLoop(config, strategy,
-                                    *model_lib.build(config, strategy, steps))
-        it = iter(dist)
-        lp.train(it, steps)  # warm-up
+                                    *model_lib.build(config, strategy, steps),
+                                    lambda step: dist)
+        lp.start(0)
+        lp.train(steps)  # warm-up
         float(lp.train_loss.result())
-        return lp, it
+        return lp
 
-    (multi, it_m), (single, it_s) = loop(50), loop(1)
+    multi, single = loop(50), loop(1)
 
-    def run(lp, it):
+    def run(lp):
         def go():
-            lp.train(it, steps)
+            lp.train(steps)
             float(lp.train_loss.result())  # wait for the last step
         return lambda: rate(go, steps)
-    return paired(repeats, run(multi, it_m), run(single, it_s))
+    return paired(repeats, run(multi), run(single))
 
 
 def main() -> int:

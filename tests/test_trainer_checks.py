@@ -233,9 +233,9 @@ def test_a_refused_bucket_lookup_does_not_stop_a_new_gs_model_dir(monkeypatch):
 
     monkeypatch.setattr(tf.io.gfile, "exists", exists)
     monkeypatch.setattr(tf.io.gfile, "makedirs", made.append)
-    outputs.check_model_dir("gs://objects-only/runs/m", create=True)
+    outputs.make_model_dir("gs://objects-only/runs/m")
     assert asked == ["gs://objects-only/runs/m", "gs://objects-only"]
     assert made == ["gs://objects-only/runs/m"]
     with pytest.raises(TrainerError, match=r"bucket gs://gone does not exist"):
-        outputs.check_model_dir("gs://gone/m", create=True)
+        outputs.make_model_dir("gs://gone/m")
     assert made == ["gs://objects-only/runs/m"]

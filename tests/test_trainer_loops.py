@@ -12,8 +12,10 @@ import tensorflow as tf
 from tests import trainer_data
 from trainer.config import TrainConfig
 from trainer.data import input_pipeline, splits
-from trainer.loop import controller as controller_lib, custom_loop, eval_metrics
+from trainer.loop import controller as controller_lib, custom_loop, eval_metrics, summaries
 from trainer.model import models as model_lib
+from trainer.run import outputs
+from trainer.run.checkpoints import RunCheckpoints
 
 
 @pytest.mark.tf221  # the TPU build of TensorFlow has no XLA CPU backend
@@ -26,12 +28,13 @@ def test_train_step_compiles_with_xla_on_cpu():
     strategy = tf.distribute.get_strategy()
     config = TrainConfig(data=out, model_dir="-", global_batch_size=16,
                          steps_per_execution=3, jit_compile=True)
-    loop = custom_loop.CustomLoop(config, strategy, *model_lib.build(config, strategy, 6))
+    loop = custom_loop.CustomLoop(config, strategy, *model_lib.build(config, strategy, 6),
+                                  lambda step: strategy.experimental_distribute_dataset(ds))
     batch = next(iter(ds))
     hlo = loop.replica_step.experimental_get_compiler_ir(batch)(stage="hlo")
     assert hlo.startswith("HloModule")
-    iterator = iter(strategy.experimental_distribute_dataset(ds))
-    logs = loop.train(iterator, 6)  # twice the multi-step function, XLA step inside
+    loop.start(0)
+    logs = loop.train(6)  # twice the multi-step function, XLA step inside
     assert int(loop.optimizer.iterations.numpy()) == 6
     assert np.isfinite(loop.train_loss.result().numpy())
     assert float(logs["loss"]) == float(loop.train_loss.result())
@@ -40,10 +43,15 @@ def test_train_step_compiles_with_xla_on_cpu():
 class _RecordingLoop:
     """An inner loop that only counts: the steps of each call, and each reset."""
 
+    drives_itself = prints_progress = False
+
     def __init__(self, optimizer):
         self.optimizer, self.calls = optimizer, []
 
-    def train(self, iterator, steps: int):
+    def start(self, step: int) -> None:
+        pass
+
+    def train(self, steps: int):
         self.calls.append(steps)
         self.optimizer.iterations.assign_add(steps)
         return {"loss": 0.5, "accuracy": 0.75}
@@ -72,12 +80,14 @@ def test_controller_runs_the_inner_loop_from_boundary_to_boundary(tmp_path, caps
             evaluations.append(int(optimizer.iterations.numpy()))
             return {"test_loss": 0.25, "test_accuracy": 0.875, "test_examples": 7}
 
-    evaluator = Evaluator()
-    controller = controller_lib.Controller(config, strategy, model, optimizer, 8,
-                                           evaluator, print_steps=True)
-    controller.restore()
     inner = _RecordingLoop(optimizer)
-    controller.train(inner, iterator=None)
+    writers = summaries.Summaries(str(tmp_path / "logs"), config, 8,
+                                  preview=lambda: np.zeros((1, 28, 28, 1), np.float32))
+    controller = controller_lib.Controller(
+        inner, Evaluator(), RunCheckpoints(config, outputs.Role(), model, optimizer, 8),
+        writers, schedule=controller_lib.Schedule.of(config, 8))
+    controller.restore()
+    controller.train()
     result = controller.finish()
     controller.close()
     assert inner.calls == [3, 2, 1, 2, "reset", 1, 1, 2, 3, 1, "reset"]

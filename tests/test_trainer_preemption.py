@@ -41,8 +41,7 @@ import tensorflow as tf
 
 from tests import trainer_data
 from tests.helpers import REPO
-from trainer.loop import controller
-from trainer.run import outputs
+from trainer.run import checkpoints, outputs
 
 pytestmark = pytest.mark.slow
 
@@ -86,7 +85,7 @@ def final_variables(model_dir: str) -> dict:
         tf.train.latest_checkpoint(os.path.join(model_dir, outputs.CHECKPOINTS)))
     return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
             if k.endswith("VARIABLE_VALUE") and not k.startswith("save_counter")
-            and not k.startswith(controller.STATE_NAME)}  # the history, compared apart
+            and not k.startswith(checkpoints.STATE_NAME)}  # the history, compared apart
 
 
 @pytest.mark.parametrize("loop", ["keras", "custom"])

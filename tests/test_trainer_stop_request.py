@@ -8,23 +8,30 @@ import logging
 import os
 import signal
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
 from trainer.config import TrainConfig
-from trainer.loop import controller as controller_lib, keras_loop
+from trainer.loop import controller as controller_lib, keras_loop, summaries
 from trainer.model import models as model_lib
-from trainer.run import preemption
+from trainer.run import outputs, preemption
+from trainer.run.checkpoints import RunCheckpoints
 from trainer.train import train_and_evaluate
 
 
 class _SignalAfter:
     """An inner loop that counts steps and raises ``signum`` after ``calls`` calls."""
 
+    drives_itself = prints_progress = False
+
     def __init__(self, optimizer, calls: int, signum: int):
         self.optimizer, self.left, self.signum, self.calls = optimizer, calls, signum, []
 
-    def train(self, iterator, steps: int):
+    def start(self, step: int) -> None:
+        pass
+
+    def train(self, steps: int):
         self.calls.append(steps)
         self.optimizer.iterations.assign_add(steps)
         self.left -= 1
@@ -36,26 +43,30 @@ class _SignalAfter:
         pass
 
 
-def _controller(tmp_path, signals):
+def _controller(tmp_path, signals, signum):
+    """A controller around `_SignalAfter` (signalling after its second call)."""
     config = TrainConfig(data="-", model_dir=str(tmp_path), epochs=2, log_every=6,
                          steps_per_execution=2)
     strategy = tf.distribute.get_strategy()
     model, optimizer = model_lib.build(config, strategy, total_steps=16)
     evaluator = lambda: {"test_loss": 0.25, "test_accuracy": 0.875, "test_examples": 7}
-    return controller_lib.Controller(config, strategy, model, optimizer, 8, evaluator,
-                                     print_steps=False, signals=signals), optimizer
+    inner = _SignalAfter(optimizer, calls=2, signum=signum)
+    writers = summaries.Summaries(str(tmp_path / "logs"), config, 8,
+                                  preview=lambda: np.zeros((1, 28, 28, 1), np.float32))
+    return controller_lib.Controller(
+        inner, evaluator, RunCheckpoints(config, outputs.Role(), model, optimizer, 8),
+        writers, schedule=controller_lib.Schedule.of(config, 8), signals=signals), inner
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_stops_at_the_next_call_with_a_checkpoint(tmp_path, signum, capfd):
     signals = preemption.StopSignals()
-    controller, optimizer = _controller(tmp_path, signals)
+    controller, inner = _controller(tmp_path, signals, signum)
     signals.watch()
-    inner = _SignalAfter(optimizer, calls=2, signum=signum)
     try:
         controller.restore()
         with pytest.raises(preemption.Stopped) as stopped:
-            controller.train(inner, iterator=None)
+            controller.train()
     finally:
         controller.close()
     assert inner.calls == [2, 2]  # one steps_per_execution call at a time

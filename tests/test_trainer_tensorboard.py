@@ -16,7 +16,7 @@ import mnist_contract as contract
 from tests import trainer_data
 from tests.helpers import run_results_script
 from trainer import __main__ as cli, predict
-from trainer.loop import summaries
+from trainer.loop import images
 
 pytestmark = pytest.mark.slow
 
@@ -102,7 +102,7 @@ def test_confusion_matrix_after_each_evaluation(runs, loop):
         image, description = image_at(acc, "confusion_matrix", step)
         matrix = tensor_at(acc, "confusion_counts", step)
         assert matrix.shape == (10, 10) and matrix.sum() == NUM_TEST
-        np.testing.assert_array_equal(image, summaries.confusion_image(matrix))
+        np.testing.assert_array_equal(image, images.confusion_image(matrix))
         assert "true class (rows" in description
     # The last evaluation's matrix is the exported (final) model's on the test split.
     _, labels, classes = export_predictions(dataset, model_dir)
@@ -126,7 +126,7 @@ def test_misclassified_digits_with_their_labels(runs, loop):
     digits = test_images[indices[wrong]]
     for tile, digit in zip(tiles(image, 70, 56, len(wrong), 5), digits[..., 0]):
         np.testing.assert_array_equal(tile[:56], digit.repeat(2, axis=0).repeat(2, axis=1))
-    expected = summaries.image_grid(summaries.captioned(
+    expected = images.image_grid(images.captioned(
         digits.astype(np.float32) / 255.0, classes[wrong], labels[wrong]), 5)
     np.testing.assert_array_equal(image, expected)  # the captions too
     assert "P<predicted>" in description

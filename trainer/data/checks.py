@@ -15,7 +15,6 @@ the manifest:
   would otherwise fail deep inside a training step);
 * `check_eval_count`: an evaluation counted exactly the manifest's number
   of test examples (a count edited to a plausible wrong value);
-* `check_model_dir`: ``--model_dir`` is a folder, or can become one.
 
 Each failure is a `TrainerError` whose one line names the file.
 """

@@ -6,7 +6,8 @@ under a strategy. Only the steps are here, in the shape of Orbit's
 given and returns the running epoch metrics. The outer loop (how many steps
 each call runs, and the logging, checkpoints, evaluation and profiling at
 each boundary) is `trainer.loop.controller.Controller.train`; model, optimizer,
-restore and export come from the shared skeleton as for the Keras loop.
+restore and export come from the shared skeleton as for the Keras loop, and
+`trainer.loop.build.build_controller` builds both loops the same way.
 
 * ``_train_step`` runs on every replica via ``strategy.run``. The loss is
   ``tf.nn.compute_average_loss(per_example, global_batch_size=...)`` (each
@@ -24,7 +25,7 @@ restore and export come from the shared skeleton as for the Keras loop.
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Callable, Mapping
 
 import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
@@ -35,12 +36,20 @@ from trainer.config import TrainConfig
 
 
 class CustomLoop:
-    """Train metrics and the compiled train functions for a model and optimizer."""
+    """Train metrics and the compiled train functions for a model and optimizer.
+
+    ``train_stream(step)`` gives the distributed training dataset as it stands
+    at global step ``step`` (`trainer.data.input_pipeline.train_input`).
+    """
+
+    drives_itself = False  # the controller calls `train` to each boundary
+    prints_progress = False  # the controller prints a line per log boundary
 
     def __init__(self, config: TrainConfig, strategy: tf.distribute.Strategy,
-                 model: keras.Model, optimizer):
+                 model: keras.Model, optimizer, train_stream: Callable[[int], Any]):
         self.config, self.strategy = config, strategy
         self.model, self.optimizer = model, optimizer
+        self.train_stream, self.iterator = train_stream, None
         with strategy.scope():
             self.train_loss = keras.metrics.Mean(name="loss")
             self.train_accuracy = keras.metrics.SparseCategoricalAccuracy(name="accuracy")
@@ -74,7 +83,11 @@ class CustomLoop:
     def _train_one(self, iterator):
         self.strategy.run(self.replica_step, args=(next(iterator),))
 
-    def train(self, iterator, steps: int) -> Mapping:
+    def start(self, step: int) -> None:
+        """Opens the training stream resumed at global step ``step``."""
+        self.iterator = iter(self.train_stream(step))
+
+    def train(self, steps: int) -> Mapping:
         """Runs ``steps`` training steps, ``steps_per_execution`` per call;
         returns the running epoch metrics (`logs`)."""
         chunk = self.config.steps_per_execution
@@ -82,9 +95,9 @@ class CustomLoop:
         while done < steps:
             n = min(chunk, steps - done)
             if chunk == 1:
-                self._train_one(iterator)
+                self._train_one(self.iterator)
             else:
-                self._train_steps(iterator, tf.constant(n))
+                self._train_steps(self.iterator, tf.constant(n))
             done += n
         return self.logs()
 

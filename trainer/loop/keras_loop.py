@@ -28,7 +28,7 @@ would have seen.
 from __future__ import annotations
 
 import logging
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
@@ -36,8 +36,9 @@ import tf_keras as keras
 
 import mnist_contract as contract
 from trainer.config import TrainConfig
-from trainer.data import input_pipeline, splits
-from trainer.loop.controller import Controller
+
+if TYPE_CHECKING:
+    from trainer.loop.controller import Controller
 
 log = logging.getLogger(__name__)
 
@@ -94,27 +95,45 @@ def _log_checkpoint_cadence(config: TrainConfig, steps_per_epoch: int) -> None:
                  ", ".join(map(str, exact)))
 
 
-def train(config: TrainConfig, strategy: tf.distribute.Strategy, model: keras.Model,
-          controller: Controller, train_split: splits.SplitFiles,
-          callbacks: Sequence[keras.callbacks.Callback] = ()) -> None:
-    """Fits from the controller's step to the end of the last epoch."""
-    spe, step = controller.steps_per_epoch, controller.step
-    _log_checkpoint_cadence(config, spe)
-    # Keras appends its own progress bar after the given callbacks, so it would
-    # end the bar's line only after the controller printed its epoch line onto
-    # it. Given first, the bar ends its line before the controller prints.
-    progress = [keras.callbacks.ProgbarLogger(count_mode="steps")] if config.verbose else []
-    hooks = [*progress, _Hooks(controller), *callbacks]
+class KerasLoop:
+    """``Model.fit`` from the controller's step to the end of the last epoch.
 
-    def fit(start: int, first_epoch: int, epochs: int, steps: int) -> None:
-        dataset = input_pipeline.train_input(strategy, train_split, config, start_step=start,
-                                      postprocess=keras_batch)
-        model.fit(dataset, initial_epoch=first_epoch, epochs=epochs,
-                  steps_per_epoch=steps, callbacks=hooks, verbose=config.verbose)
+    ``train_stream(step, postprocess)`` gives the distributed training
+    dataset as it stands at global step ``step``
+    (`trainer.data.input_pipeline.train_input`).
+    """
 
-    epoch = step // spe
-    if step % spe:  # resumed inside an epoch: finish it first
-        fit(step, epoch, epoch + 1, spe - step % spe)
-        epoch += 1
-    if epoch < config.epochs:
-        fit(epoch * spe, epoch, config.epochs, spe)
+    drives_itself = True  # fit owns its loop; `_Hooks` call the controller back
+    prints_progress = True  # fit reports progress itself (Keras' bar, with --verbose)
+
+    def __init__(self, config: TrainConfig, model: keras.Model,
+                 train_stream: Callable[..., Any],
+                 callbacks: Sequence[keras.callbacks.Callback] = ()):
+        self.config, self.model = config, model
+        self.train_stream, self.callbacks = train_stream, tuple(callbacks)
+
+    def start(self, step: int) -> None:
+        """Each fit opens its own stream (`fit`)."""
+
+    def fit(self, controller: Controller) -> None:
+        """Fits from the controller's step to the end of the last epoch."""
+        spe, step = controller.schedule.steps_per_epoch, controller.step
+        _log_checkpoint_cadence(self.config, spe)
+        # Keras appends its own progress bar after the given callbacks, so it would
+        # end the bar's line only after the controller printed its epoch line onto
+        # it. Given first, the bar ends its line before the controller prints.
+        progress = ([keras.callbacks.ProgbarLogger(count_mode="steps")]
+                    if self.config.verbose else [])
+        hooks = [*progress, _Hooks(controller), *self.callbacks]
+        epoch = step // spe
+        if step % spe:  # resumed inside an epoch: finish it first
+            self._fit(hooks, step, epoch, epoch + 1, spe - step % spe)
+            epoch += 1
+        if epoch < self.config.epochs:
+            self._fit(hooks, epoch * spe, epoch, self.config.epochs, spe)
+
+    def _fit(self, hooks: list, start: int, first_epoch: int, epochs: int,
+             steps: int) -> None:
+        dataset = self.train_stream(start, postprocess=keras_batch)
+        self.model.fit(dataset, initial_epoch=first_epoch, epochs=epochs,
+                       steps_per_epoch=steps, callbacks=hooks, verbose=self.config.verbose)

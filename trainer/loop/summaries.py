@@ -19,14 +19,13 @@ each evaluation and at the end):
   metrics the HParams dashboard lists for each run, so runs in one
   ``--logdir`` compare by their settings.
 
-Images are drawn with numpy alone: labels use a 3x5 pixel font, so the
-trainer needs no imaging library.
+The pictures are drawn by `trainer.loop.images`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Sequence
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -37,102 +36,16 @@ from tensorboard.plugins.hparams import api as hp
 
 import mnist_contract as contract
 from trainer.config import TrainConfig
+from trainer.errors import TrainerError, os_reason
 from trainer.data import input_pipeline, splits
+from trainer.loop import images as drawing
 from trainer.loop.eval_metrics import EvalDetails
 from trainer.model.augment import RandomAffine
 
 PREVIEW_IMAGES = 64
 PREVIEW_SEED = 1
-GRID_COLUMNS = 8
 MISCLASSIFIED_COLUMNS = 5
 TEST_METRICS = ("test_accuracy", "test_loss")
-
-# 3x5 glyphs, one string per row ("#": ink).
-_FONT = {
-    "0": ("###", "#.#", "#.#", "#.#", "###"), "1": (".#.", "##.", ".#.", ".#.", "###"),
-    "2": ("###", "..#", "###", "#..", "###"), "3": ("###", "..#", "###", "..#", "###"),
-    "4": ("#.#", "#.#", "###", "..#", "..#"), "5": ("###", "#..", "###", "..#", "###"),
-    "6": ("###", "#..", "###", "#.#", "###"), "7": ("###", "..#", "..#", "..#", "..#"),
-    "8": ("###", "#.#", "###", "#.#", "###"), "9": ("###", "#.#", "###", "..#", "###"),
-    "P": ("###", "#.#", "###", "#..", "#.."), "T": ("###", ".#.", ".#.", ".#.", ".#."),
-}
-_SCALE = 2  # font and digit pixels per image pixel in the labelled images
-_GAP = 2
-_BACKGROUND = (40, 40, 40)
-_PREDICTED_INK, _TRUE_INK = (255, 110, 110), (120, 230, 120)
-
-
-def text_mask(text: str, scale: int = _SCALE) -> np.ndarray:
-    """bool [5*scale, (4*len-1)*scale]: ``text`` in the 3x5 font, one column between glyphs."""
-    rows = [np.array([[c == "#" for c in row] for row in _FONT[ch]]) for ch in text]
-    spaced = [np.pad(glyph, ((0, 0), (0, 1))) for glyph in rows]
-    mask = np.concatenate(spaced, axis=1)[:, :-1] if spaced else np.zeros((5, 0), bool)
-    return mask.repeat(scale, axis=0).repeat(scale, axis=1)
-
-
-def _stamp(canvas: np.ndarray, mask: np.ndarray, top: int, left: int, ink) -> None:
-    """Paints ``mask`` onto ``canvas`` (RGB, in place) at (top, left) in ``ink``."""
-    region = canvas[top:top + mask.shape[0], left:left + mask.shape[1]]
-    region[mask] = ink
-
-
-def to_rgb(images: np.ndarray, scale: int = 1) -> np.ndarray:
-    """uint8 RGB [N, H*scale, W*scale, 3] from float [N, H, W, 1] images in [0, 1]."""
-    gray = np.clip(np.rint(np.asarray(images, np.float32)[..., 0] * 255), 0, 255)
-    gray = gray.astype(np.uint8).repeat(scale, axis=1).repeat(scale, axis=2)
-    return np.repeat(gray[..., None], 3, axis=-1)
-
-
-def image_grid(tiles: np.ndarray, columns: int = GRID_COLUMNS) -> np.ndarray:
-    """uint8 [H, W, 3]: RGB ``tiles`` [N, h, w, 3] in rows of ``columns``, ``_GAP`` apart."""
-    n, h, w = tiles.shape[:3]
-    columns = max(1, min(columns, n))
-    rows = max(1, -(-n // columns))
-    grid = np.empty((rows * (h + _GAP) + _GAP, columns * (w + _GAP) + _GAP, 3), np.uint8)
-    grid[:] = _BACKGROUND
-    for i, tile in enumerate(tiles):
-        top, left = _GAP + (i // columns) * (h + _GAP), _GAP + (i % columns) * (w + _GAP)
-        grid[top:top + h, left:left + w] = tile
-    return grid
-
-
-def captioned(images: np.ndarray, predicted: Sequence[int],
-              labels: Sequence[int]) -> np.ndarray:
-    """RGB tiles: each digit ``_SCALE`` times its size over ``P<predicted> T<true>``."""
-    digits = to_rgb(images, _SCALE)
-    n, h, w = digits.shape[:3]
-    strip = 5 * _SCALE + 2 * _GAP
-    tiles = np.zeros((n, h + strip, w, 3), np.uint8)
-    tiles[:, :h] = digits
-    for tile, p, t in zip(tiles, predicted, labels):
-        _stamp(tile, text_mask(f"P{p}"), h + _GAP, 0, _PREDICTED_INK)
-        _stamp(tile, text_mask(f"T{t}"), h + _GAP, w // 2, _TRUE_INK)
-    return tiles
-
-
-def confusion_image(matrix: np.ndarray) -> np.ndarray:
-    """uint8 [H, W, 3]: the count matrix, a class label before each row and
-    above each column; cells shaded by their share of the row."""
-    k = matrix.shape[0]
-    char = 4 * _SCALE
-    width = (len(str(max(int(matrix.max()), 0))) + 1) * char
-    height = 5 * _SCALE + char  # the text, half a character above and below
-    image = np.zeros(((k + 1) * height, (k + 1) * width, 3), np.uint8)
-    image[:] = _BACKGROUND
-    totals = np.maximum(matrix.sum(axis=1, keepdims=True), 1)
-    shade = np.rint(255 * matrix / totals).astype(np.uint8)
-    text_top, text_left = (height - 5 * _SCALE) // 2, char // 2
-    for c in range(k):
-        label = text_mask(str(c))
-        _stamp(image, label, (c + 1) * height + text_top, text_left, _TRUE_INK)
-        _stamp(image, label, text_top, (c + 1) * width + text_left, _PREDICTED_INK)
-    for (row, col), count in np.ndenumerate(matrix):
-        top, left = (row + 1) * height, (col + 1) * width
-        image[top + 1:top + height - 1, left + 1:left + width - 1] = shade[row, col]
-        ink = (0, 0, 0) if shade[row, col] > 127 else (255, 255, 255)
-        _stamp(image, text_mask(str(count)), top + text_top, left + text_left, ink)
-    return image
-
 
 def _png_summary(tag: str, image: np.ndarray, description: str) -> None:
     tf.summary.image(tag, image[None], max_outputs=1, description=description)
@@ -141,15 +54,15 @@ def _png_summary(tag: str, image: np.ndarray, description: str) -> None:
 def write_evaluation(details: EvalDetails) -> None:
     """The confusion matrix (image and counts) and the misclassified digits
     (when there are any), to the default writer and step."""
-    _png_summary("confusion_matrix", confusion_image(details.confusion),
+    _png_summary("confusion_matrix", drawing.confusion_image(details.confusion),
                  "Test examples by true class (rows, green) and predicted class "
                  "(columns, red); cells shaded by their share of the row.")
     tf.summary.write("confusion_counts", tf.constant(details.confusion, tf.int64),
                      metadata=tf.compat.v1.SummaryMetadata(summary_description=(
                          "The confusion matrix's counts: [true class, predicted class].")))
     if len(details.indices):
-        tiles = captioned(details.images, details.predicted, details.labels)
-        _png_summary("misclassified", image_grid(tiles, MISCLASSIFIED_COLUMNS),
+        tiles = drawing.captioned(details.images, details.predicted, details.labels)
+        _png_summary("misclassified", drawing.image_grid(tiles, MISCLASSIFIED_COLUMNS),
                      "The pass's first misclassified test digits, each captioned "
                      "P<predicted> (red) T<true> (green).")
 
@@ -158,7 +71,7 @@ def write_inputs(images: np.ndarray, augmented: bool) -> None:
     """The training digits of `train_preview`, to the default writer and step."""
     how = ("after a copy of the model's augmentation layer (training mode)" if augmented
            else "as read (no --augment)")
-    _png_summary("inputs", image_grid(to_rgb(images)),
+    _png_summary("inputs", drawing.image_grid(drawing.to_rgb(images)),
                  f"{len(images)} training digits as the model receives them, {how}.")
 
 
@@ -214,3 +127,54 @@ def train_preview(config: TrainConfig, model: keras.Model,
                                                  "seed": PREVIEW_SEED})
                 images = copy(images, training=True)
         return images.numpy()
+
+
+class Summaries:
+    """The run's three TensorBoard writers and what goes to each.
+
+    ``logs/train`` (scalars every ``--log_every`` steps, the input digits),
+    ``logs/validation`` (each evaluation) and ``logs`` itself (the settings
+    at start, the test metrics at the end); ``logs_dir`` is this worker's
+    (a scratch folder off the chief, `trainer.run.outputs.Role`).
+    """
+
+    def __init__(self, logs_dir: str, config: TrainConfig, steps_per_epoch: int,
+                 preview: Callable[[], np.ndarray]):
+        self.logs_dir, self.config, self.steps_per_epoch = logs_dir, config, steps_per_epoch
+        self.preview = preview  # the input digits, read when the run starts
+        try:
+            self.train_writer = tf.summary.create_file_writer(contract.join_path(logs_dir,
+                                                                                 "train"))
+            self.eval_writer = tf.summary.create_file_writer(contract.join_path(logs_dir,
+                                                                                "validation"))
+            self.run_writer = tf.summary.create_file_writer(logs_dir)
+        except tf.errors.OpError as e:
+            raise TrainerError(f"{logs_dir}: cannot write the TensorBoard logs of "
+                               f"--model_dir ({os_reason(e)})") from None
+
+    def start(self, step: int) -> None:
+        """The run's settings (HParams) and a batch of its input digits (`train_preview`)."""
+        inputs = self.preview()
+        with self.run_writer.as_default(step=step):
+            write_hparams(hparams_values(self.config, self.steps_per_epoch))
+        with self.train_writer.as_default(step=step):
+            write_inputs(inputs, augmented=self.config.augment)
+
+    def train(self, step: int, loss: float, accuracy: float, rate: float) -> None:
+        with self.train_writer.as_default(step=step):
+            tf.summary.scalar("loss", loss)
+            tf.summary.scalar("accuracy", accuracy)
+            tf.summary.scalar("examples_per_second", rate)
+
+    def evaluation(self, step: int, result: Mapping, details: EvalDetails) -> None:
+        with self.eval_writer.as_default(step=step):
+            tf.summary.scalar("loss", result["test_loss"])
+            tf.summary.scalar("accuracy", result["test_accuracy"])
+            write_evaluation(details)
+
+    def finish(self, step: int, result: Mapping) -> None:
+        """The final test metrics at the run's root; flushes every writer."""
+        with self.run_writer.as_default(step=step):
+            write_test_metrics(result)
+        for writer in (self.train_writer, self.eval_writer, self.run_writer):
+            writer.flush()

@@ -20,6 +20,9 @@ the uint8 → [0, 1] step so that served models take raw pixels.
 
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 import tf_keras as keras
@@ -45,6 +48,17 @@ def set_precision(mixed_precision: str) -> None:
     if mixed_precision not in policies:
         raise TrainerError(f"unknown --mixed_precision {mixed_precision!r}")
     keras.mixed_precision.set_global_policy(policies[mixed_precision])
+
+
+@contextlib.contextmanager
+def precision(mixed_precision: str) -> Iterator[None]:
+    """Inside the block, Keras builds and runs models under ``--mixed_precision``;
+    float32 again after it, also after a failure."""
+    set_precision(mixed_precision)
+    try:
+        yield
+    finally:
+        set_precision("none")
 
 
 def _guide_layers(name: str) -> list[keras.layers.Layer]:

@@ -1,114 +1,150 @@
-"""Finding the checkpoint to resume from, when some are damaged.
+"""The run's checkpoints: what is saved with the model, where, and how it is restored.
 
-``tf.train.CheckpointManager`` trusts its ``checkpoint`` state file: garbage
-or a missing file there makes it start from step 0 and save over the intact
-checkpoints, and a damaged newest checkpoint fails the restore. So the
-trainer lists the ``ckpt-<step>.index`` files itself (`list_checkpoints`),
-restores the newest one that restores (`restore_newest`), skipping damaged
-ones with a warning naming them, and rewrites the state file to list the
-intact ones (`repair_state`) before the manager reads it. When checkpoints
-exist but none restores, the run stops rather than start over at step 0
-(``--restart`` asks for that). The temporary folders of a save that was cut
-short (``ckpt-<step>_temp``) are removed with a warning (`clean_temp`).
+A checkpoint holds the model, the optimizer (its ``iterations`` is the
+global step) and a JSON state (`STATE_NAME`): the model's name, the
+history of every epoch so far, and the settings a resume must keep
+(`trainer.run.resume`). So ``metrics.json`` after a resume holds the whole
+run, and a resume with other settings is refused with one line.
+
+Every worker restores from the chief's ``model_dir/checkpoints`` (the
+others save to scratch folders, `trainer.run.outputs.Role`), skipping
+damaged checkpoints (`trainer.run.checkpoint_repair`); under multi-worker
+training the workers then check that they start from one step.
 """
 
 from __future__ import annotations
 
+import json
 import logging
-import re
-import time
-from typing import Callable
+from typing import Callable, Optional
 
 import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 
 from mnist_contract import join_path
-from trainer.errors import TrainerError, summarize_error
+from trainer.config import TrainConfig
+from trainer.errors import TrainerError, os_reason
+from trainer.run import checkpoint_repair, outputs, resume
 
 log = logging.getLogger(__name__)
 
-PREFIX = "ckpt"
-_INDEX = re.compile(rf"{PREFIX}-(\d+)\.index")
+STATE_NAME = "trainer_state"  # the checkpoint's JSON: model name, history, settings
+_STATE_KEY = f"{STATE_NAME}/.ATTRIBUTES/VARIABLE_VALUE"
+HISTORY_KEYS = ("train_loss", "train_accuracy", "test_loss", "test_accuracy")
 
 
-def list_checkpoints(directory: str) -> list[str]:
-    """The checkpoint prefixes with an index file in ``directory``, newest first."""
-    if not tf.io.gfile.isdir(directory):
-        return []
-    steps = [int(m.group(1)) for name in tf.io.gfile.listdir(directory)
-             if (m := _INDEX.fullmatch(name.rstrip("/")))]
-    return [join_path(directory, f"{PREFIX}-{step}") for step in sorted(steps, reverse=True)]
+class RunCheckpoints:
+    """Saves and restores the model, optimizer and history of one run.
 
-
-def clean_temp(directory: str) -> None:
-    """Removes the temporary folders of saves that did not finish, naming them."""
-    if not tf.io.gfile.isdir(directory):
-        return
-    for name in tf.io.gfile.listdir(directory):
-        name = name.rstrip("/")
-        if re.fullmatch(rf"{PREFIX}-\d+_temp", name):
-            path = join_path(directory, name)
-            log.warning("%s: removing the leftovers of a checkpoint save that did "
-                        "not finish", path)
-            tf.io.gfile.rmtree(path)
-
-
-def restore_newest(directory: str, restore: Callable[[str], None]) -> tuple[str, list[str]]:
-    """Restores (``restore(prefix)``) the newest checkpoint that restores.
-
-    Returns its prefix ("" when there is none) and the damaged ones skipped.
-    A `TrainerError` from ``restore`` (a refusal, e.g. other settings) stops
-    the search; any other failure marks the checkpoint damaged.
+    ``share`` (`trainer.strategy.sum_over_replicas` over ``replicas``; None
+    off multi-worker) lets the workers check that they resume at one step.
     """
-    found = list_checkpoints(directory)
-    damaged: list[str] = []
-    first_error = ""
-    for prefix in found:
+
+    def __init__(self, config: TrainConfig, role: outputs.Role, model, optimizer,
+                 steps_per_epoch: int, *, share: Optional[Callable] = None,
+                 replicas: int = 1):
+        self.config, self.role, self.share, self.replicas = config, role, share, replicas
+        self.model, self.optimizer, self.steps_per_epoch = model, optimizer, steps_per_epoch
+        self.state = tf.Variable("", dtype=tf.string, trainable=False, name=STATE_NAME)
+        self.checkpoint = self._new_checkpoint()
+        self.manager = self._new_manager()  # this worker's (a scratch folder off the chief)
+        # The chief's, which every worker restores from.
+        self.restore_dir = join_path(config.model_dir, outputs.CHECKPOINTS)
+        self.history: dict[str, list[float]] = {k: [] for k in HISTORY_KEYS}
+        self.saved_step: Optional[int] = None
+
+    def _new_checkpoint(self) -> tf.train.Checkpoint:
+        return tf.train.Checkpoint(model=self.model, optimizer=self.optimizer,
+                                   **{STATE_NAME: self.state})
+
+    def _new_manager(self) -> tf.train.CheckpointManager:
+        return tf.train.CheckpointManager(
+            self.checkpoint, self.role.write_dir(self.config.model_dir, outputs.CHECKPOINTS),
+            max_to_keep=self.config.keep_checkpoints, step_counter=self.optimizer.iterations)
+
+    def restore(self) -> int:
+        """Restores the newest checkpoint that restores; returns the step to start from.
+
+        Only the chief repairs the state file; with ``--restart`` (the chief
+        has deleted the checkpoints) the others restore nothing.
+        """
+        checkpoint_repair.clean_temp(self.manager.directory)
+        latest = ""
+        if self.role.chief or not self.config.restart:
+            latest, damaged = checkpoint_repair.restore_newest(self.restore_dir, self._restore)
+        if latest:
+            if self.role.chief:
+                checkpoint_repair.repair_state(self.restore_dir, latest, damaged)
+            # For the restored checkpoint object; on the chief it reads the
+            # repaired state file.
+            self.manager = self._new_manager()
+            log.info("restored %s", latest)
+        step = int(self.optimizer.iterations.numpy())
+        self.saved_step = step if latest else None
+        self._check_same_start(step)
+        return step
+
+    def _restore(self, prefix: str) -> None:
+        """Restores ``prefix`` after checking its settings; raises if it is damaged."""
+        saved = saved_state(prefix)
+        resume.check_settings(saved, self.config, self.steps_per_epoch,
+                              int(prefix.rsplit("-", 1)[1]), prefix.rsplit("/", 1)[0])
+        self.checkpoint = self._new_checkpoint()
+        self.checkpoint.restore(prefix).assert_existing_objects_matched()
+        self.history = {k: list(saved.get("history", {}).get(k, [])) for k in HISTORY_KEYS}
+
+    def _check_same_start(self, step: int) -> None:
+        """Multi-worker: raises on every worker unless all start at one step
+        (steps s_i of n replicas are all equal iff n * sum(s_i^2) == sum(s_i)^2)."""
+        if self.share is None:
+            return
+        total, squares = self.share([step, step ** 2])
+        if self.replicas * squares != total ** 2:
+            raise TrainerError(
+                f"{self.restore_dir}: the workers would resume at different steps (this one "
+                f"at {step}); every worker must read the chief's "
+                "--model_dir (shared storage, such as gs://)")
+
+    def record_epoch(self, train_logs, result: dict) -> None:
+        """Adds an epoch's train and test loss and accuracy to the history."""
+        self.history["train_loss"].append(float(train_logs["loss"]))
+        self.history["train_accuracy"].append(float(train_logs["accuracy"]))
+        self.history["test_loss"].append(result["test_loss"])
+        self.history["test_accuracy"].append(result["test_accuracy"])
+
+    def save(self, step: int) -> None:
+        """Saves ``ckpt-<step>`` with the history; a storage failure is one line."""
+        self.state.assign(json.dumps({
+            "model": self.config.model, "history": self.history,
+            "settings": resume.saved_settings(self.config, self.steps_per_epoch)}))
         try:
-            restore(prefix)
-        except TrainerError:
-            raise
-        except Exception as e:  # noqa: BLE001  (a damaged file fails in many ways)
-            first_error = first_error or summarize_error(e)
-            log.warning("%s: damaged, skipped (%s); resuming from an earlier checkpoint "
-                        "if one restores", prefix, summarize_error(e))
-            damaged.append(prefix)
-            continue
-        return prefix, damaged
-    if found:
-        raise TrainerError(
-            f"{found[0]}: cannot resume from this checkpoint ({first_error}); no "
-            f"checkpoint in {directory} restores; pass --restart to train from step 0 "
-            "(deleting them) or use another --model_dir")
-    return "", damaged
+            self.manager.save(checkpoint_number=step)
+        except tf.errors.OpError as e:
+            raise self._save_error(step, e) from None
+        self.saved_step = step
+
+    def _save_error(self, step: int, error: tf.errors.OpError) -> TrainerError:
+        """Removes the half-written checkpoint (``ckpt-N_temp``, or names it if
+        that fails too) and names the checkpoint a rerun resumes from."""
+        path = self.path(step)
+        left = outputs.discard_partial(path + "_temp")
+        latest = tf.train.latest_checkpoint(self.manager.directory) or "step 0"
+        return TrainerError(f"{path}: cannot save the checkpoint "
+                            f"({os_reason(error)}); a rerun resumes from {latest}{left}")
+
+    def path(self, step: int, directory: str = "") -> str:
+        """The checkpoint of ``step`` in ``directory`` (default: where this worker saves)."""
+        return join_path(directory or self.manager.directory,
+                         f"{checkpoint_repair.PREFIX}-{step}")
 
 
-def repair_state(directory: str, restored: str, damaged: list[str]) -> None:
-    """Writes the ``checkpoint`` state file: ``restored`` latest, the intact
-    older ones kept (so the manager keeps and deletes the right files)."""
+def saved_state(checkpoint_path: str) -> dict:
+    """The JSON state saved with a checkpoint ({} for one without it)."""
     try:
-        state = tf.train.get_checkpoint_state(directory)
-    except (ValueError, tf.errors.OpError):  # garbage in the state file
-        state = None
-    if state is not None and not damaged and state.model_checkpoint_path == restored:
-        return
-    intact = [p for p in reversed(list_checkpoints(directory))
-              if p not in damaged and _step(p) <= _step(restored)]
-    # Timestamps after the preserved one: the manager may delete them in turn.
-    now = time.time() - 1.0
-    tf.compat.v1.train.update_checkpoint_state(
-        directory, restored, all_model_checkpoint_paths=intact,
-        all_model_checkpoint_timestamps=[now] * len(intact),
-        last_preserved_timestamp=now - 1.0)
-
-
-def discard(directory: str) -> None:
-    """``--restart``: deletes ``directory`` (the run's checkpoints), with a warning."""
-    if tf.io.gfile.exists(directory):
-        log.warning("%s: --restart: deleting %d checkpoint(s), training from step 0",
-                    directory, len(list_checkpoints(directory)))
-        tf.io.gfile.rmtree(directory)
-
-
-def _step(prefix: str) -> int:
-    return int(prefix.rsplit("-", 1)[1])
+        raw = tf.train.load_checkpoint(checkpoint_path).get_tensor(_STATE_KEY)
+    except (KeyError, ValueError, tf.errors.OpError):
+        return {}
+    try:
+        return json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else raw) or {}
+    except (ValueError, UnicodeDecodeError):
+        return {}

@@ -30,6 +30,7 @@ short and the next run redoes it (leftover ``.export.new-*`` and
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 
@@ -49,30 +50,38 @@ METRICS = "metrics.json"
 EXPORT_ID_FILE = "trainer_export.json"  # inside an export: its id (loaders ignore it)
 
 
-def write_dir(model_dir: str, sub: str, strategy: tf.distribute.Strategy) -> str:
-    """``model_dir/sub`` on the chief, a per-worker scratch directory elsewhere."""
-    if strategy_lib.is_chief(strategy):
-        return join_path(model_dir, sub)
-    resolver = strategy.cluster_resolver
-    return join_path(model_dir, f"workertemp_{resolver.task_type}_{resolver.task_id}/{sub}")
+@dataclasses.dataclass(frozen=True)
+class Role:
+    """This process's part in the run: the chief writes ``model_dir``, any other
+    worker a scratch folder of its own (settled once, by `Role.of`)."""
 
+    chief: bool = True
+    scratch: str = ""  # a non-chief's folder under model_dir: workertemp_<type>_<id>
 
-def log_write_dirs(model_dir: str, strategy: tf.distribute.Strategy) -> None:
-    """One INFO line saying where this worker's checkpoints and summaries go."""
-    role = "chief" if strategy_lib.is_chief(strategy) else "non-chief worker"
-    log.info("%s: checkpoints to %s, summaries to %s", role,
-             write_dir(model_dir, CHECKPOINTS, strategy),
-             write_dir(model_dir, LOGS, strategy))
+    @classmethod
+    def of(cls, strategy: tf.distribute.Strategy) -> "Role":
+        if strategy_lib.is_chief(strategy):
+            return cls()
+        resolver = strategy.cluster_resolver
+        return cls(chief=False, scratch=f"workertemp_{resolver.task_type}_{resolver.task_id}")
 
+    def write_dir(self, model_dir: str, sub: str) -> str:
+        """``model_dir/sub`` on the chief, in the scratch folder elsewhere."""
+        return join_path(model_dir, sub if self.chief else f"{self.scratch}/{sub}")
 
-def discard_scratch(model_dir: str, strategy: tf.distribute.Strategy) -> None:
-    """Deletes a non-chief worker's scratch directory (no-op on the chief)."""
-    if strategy_lib.is_chief(strategy):
-        return
-    resolver = strategy.cluster_resolver
-    path = join_path(model_dir, f"workertemp_{resolver.task_type}_{resolver.task_id}")
-    if tf.io.gfile.exists(path):
-        tf.io.gfile.rmtree(path)
+    def log_write_dirs(self, model_dir: str) -> None:
+        """One INFO line saying where this worker's checkpoints and summaries go."""
+        log.info("%s: checkpoints to %s, summaries to %s",
+                 "chief" if self.chief else "non-chief worker",
+                 self.write_dir(model_dir, CHECKPOINTS), self.write_dir(model_dir, LOGS))
+
+    def discard_scratch(self, model_dir: str) -> None:
+        """Deletes a non-chief worker's scratch folder (nothing on the chief)."""
+        if self.chief:
+            return
+        path = join_path(model_dir, self.scratch)
+        if tf.io.gfile.exists(path):
+            tf.io.gfile.rmtree(path)
 
 
 def write_text(path: str, text: str) -> None:
@@ -169,14 +178,20 @@ def discard_partial(path: str) -> str:
         return f"; remove the partial {path}"
 
 
-def check_model_dir(model_dir: str, create: bool = False) -> None:
-    """``model_dir`` is a folder or does not exist yet (a file is refused);
-    ``create``: make it."""
+def check_model_dir(model_dir: str) -> None:
+    """``model_dir`` is a folder or does not exist yet (a file is refused)."""
     try:
-        exists = tf.io.gfile.exists(model_dir)
-        if exists and not tf.io.gfile.isdir(model_dir):
+        if tf.io.gfile.exists(model_dir) and not tf.io.gfile.isdir(model_dir):
             raise TrainerError(f"{model_dir}: --model_dir is a file, not a folder")
-        if create and not exists:
+    except tf.errors.OpError as e:
+        raise TrainerError(f"{model_dir}: cannot create --model_dir "
+                           f"({summarize_error(e)})") from None
+
+
+def make_model_dir(model_dir: str) -> None:
+    """Creates ``model_dir`` unless it exists (after `check_model_dir`)."""
+    try:
+        if not tf.io.gfile.exists(model_dir):
             _check_bucket(model_dir)
             tf.io.gfile.makedirs(model_dir)
     except tf.errors.OpError as e:

@@ -1,0 +1,89 @@
+"""Every check a run makes before it writes anything: `preflight(config) -> Run`.
+
+In order: ``--model_dir`` is not a file; the manifest reads and each
+split's files exist with their sizes; the strategy comes up (a CPU split or
+a multi-worker strategy must be set up before any other TensorFlow work);
+the records' format matches the manifest; the batch divides among the
+replicas; XLA is available if asked for; the run is long enough; Keras
+callbacks come with the Keras loop. Only then is ``--model_dir`` created.
+The answer, `Run`, says once whether this process is the chief
+(`trainer.run.outputs.Role`); nothing after it asks again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Sequence
+
+import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
+import tensorflow as tf
+
+import mnist_contract as contract
+from trainer import strategy as strategy_lib
+from trainer.config import TrainConfig
+from trainer.data import checks
+from trainer.data.splits import SplitFiles, read_manifest, split_files, steps_per_epoch
+from trainer.errors import TrainerError
+from trainer.run import outputs
+from trainer.run.dataset_pin import DatasetPin
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """What the parts of one run share, settled before it writes anything."""
+
+    config: TrainConfig
+    strategy: tf.distribute.Strategy
+    role: outputs.Role
+    train_files: SplitFiles
+    test_files: SplitFiles
+    steps_per_epoch: int
+    pin: DatasetPin
+
+    @property
+    def total_steps(self) -> int:
+        return self.config.epochs * self.steps_per_epoch
+
+
+def preflight(config: TrainConfig, callbacks: Sequence = ()) -> Run:
+    """Checks the run once (see the module's docstring); makes ``--model_dir``."""
+    outputs.check_model_dir(config.model_dir)
+    manifest, raw = read_manifest(config.data)
+    pin = DatasetPin.of(config.data, manifest, raw)
+    train_files = split_files(config.data, manifest, "train")
+    test_files = split_files(config.data, manifest, "test")
+    strategy = strategy_lib.make_strategy(config.strategy, config.tpu, config.cpu_replicas)
+    spe = _check_inputs(config, strategy, train_files, test_files)
+    if config.loop == "custom" and callbacks:
+        raise TrainerError("Keras callbacks need --loop=keras")
+    outputs.make_model_dir(config.model_dir)
+    return Run(config, strategy, outputs.Role.of(strategy), train_files, test_files, spe, pin)
+
+
+def _check_inputs(config: TrainConfig, strategy: tf.distribute.Strategy,
+                  train_files: SplitFiles, test_files: SplitFiles) -> int:
+    """Checks the records' format and the batch split; logs the run's shape.
+
+    Returns the steps per epoch.
+    """
+    manifest_path = contract.join_path(config.data, contract.MANIFEST_FILE)
+    for split in (train_files, test_files):
+        checks.check_image_format(split.files[0], split.image_format,
+                                  split.compression_type, manifest_path)
+    replicas = strategy.num_replicas_in_sync
+    config.check_replicas(replicas)
+    if config.jit_compile:
+        strategy_lib.check_jit_compile(strategy)
+    spe = steps_per_epoch(train_files, config)
+    config.check_total_steps(config.epochs * spe)
+    hosts = strategy_lib.num_hosts(strategy)
+    log.info("%s; %d train / %d test examples; %d steps per epoch; global batch %d "
+             "= %d per replica, %d per host (%d host(s))",
+             strategy_lib.describe(strategy), train_files.num_examples,
+             test_files.num_examples, spe, config.global_batch_size,
+             config.global_batch_size // replicas, config.global_batch_size // hosts,
+             hosts)
+    return spe

@@ -1,0 +1,114 @@
+"""Finding the checkpoint to resume from, when some are damaged.
+
+``tf.train.CheckpointManager`` trusts its ``checkpoint`` state file: garbage
+or a missing file there makes it start from step 0 and save over the intact
+checkpoints, and a damaged newest checkpoint fails the restore. So the
+trainer lists the ``ckpt-<step>.index`` files itself (`list_checkpoints`),
+restores the newest one that restores (`restore_newest`), skipping damaged
+ones with a warning naming them, and rewrites the state file to list the
+intact ones (`repair_state`) before the manager reads it. When checkpoints
+exist but none restores, the run stops rather than start over at step 0
+(``--restart`` asks for that). The temporary folders of a save that was cut
+short (``ckpt-<step>_temp``) are removed with a warning (`clean_temp`).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from typing import Callable
+
+import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
+import tensorflow as tf
+
+from mnist_contract import join_path
+from trainer.errors import TrainerError, summarize_error
+
+log = logging.getLogger(__name__)
+
+PREFIX = "ckpt"
+_INDEX = re.compile(rf"{PREFIX}-(\d+)\.index")
+
+
+def list_checkpoints(directory: str) -> list[str]:
+    """The checkpoint prefixes with an index file in ``directory``, newest first."""
+    if not tf.io.gfile.isdir(directory):
+        return []
+    steps = [int(m.group(1)) for name in tf.io.gfile.listdir(directory)
+             if (m := _INDEX.fullmatch(name.rstrip("/")))]
+    return [join_path(directory, f"{PREFIX}-{step}") for step in sorted(steps, reverse=True)]
+
+
+def clean_temp(directory: str) -> None:
+    """Removes the temporary folders of saves that did not finish, naming them."""
+    if not tf.io.gfile.isdir(directory):
+        return
+    for name in tf.io.gfile.listdir(directory):
+        name = name.rstrip("/")
+        if re.fullmatch(rf"{PREFIX}-\d+_temp", name):
+            path = join_path(directory, name)
+            log.warning("%s: removing the leftovers of a checkpoint save that did "
+                        "not finish", path)
+            tf.io.gfile.rmtree(path)
+
+
+def restore_newest(directory: str, restore: Callable[[str], None]) -> tuple[str, list[str]]:
+    """Restores (``restore(prefix)``) the newest checkpoint that restores.
+
+    Returns its prefix ("" when there is none) and the damaged ones skipped.
+    A `TrainerError` from ``restore`` (a refusal, e.g. other settings) stops
+    the search; any other failure marks the checkpoint damaged.
+    """
+    found = list_checkpoints(directory)
+    damaged: list[str] = []
+    first_error = ""
+    for prefix in found:
+        try:
+            restore(prefix)
+        except TrainerError:
+            raise
+        except Exception as e:  # noqa: BLE001  (a damaged file fails in many ways)
+            first_error = first_error or summarize_error(e)
+            log.warning("%s: damaged, skipped (%s); resuming from an earlier checkpoint "
+                        "if one restores", prefix, summarize_error(e))
+            damaged.append(prefix)
+            continue
+        return prefix, damaged
+    if found:
+        raise TrainerError(
+            f"{found[0]}: cannot resume from this checkpoint ({first_error}); no "
+            f"checkpoint in {directory} restores; pass --restart to train from step 0 "
+            "(deleting them) or use another --model_dir")
+    return "", damaged
+
+
+def repair_state(directory: str, restored: str, damaged: list[str]) -> None:
+    """Writes the ``checkpoint`` state file: ``restored`` latest, the intact
+    older ones kept (so the manager keeps and deletes the right files)."""
+    try:
+        state = tf.train.get_checkpoint_state(directory)
+    except (ValueError, tf.errors.OpError):  # garbage in the state file
+        state = None
+    if state is not None and not damaged and state.model_checkpoint_path == restored:
+        return
+    intact = [p for p in reversed(list_checkpoints(directory))
+              if p not in damaged and _step(p) <= _step(restored)]
+    # Timestamps after the preserved one: the manager may delete them in turn.
+    now = time.time() - 1.0
+    tf.compat.v1.train.update_checkpoint_state(
+        directory, restored, all_model_checkpoint_paths=intact,
+        all_model_checkpoint_timestamps=[now] * len(intact),
+        last_preserved_timestamp=now - 1.0)
+
+
+def discard(directory: str) -> None:
+    """``--restart``: deletes ``directory`` (the run's checkpoints), with a warning."""
+    if tf.io.gfile.exists(directory):
+        log.warning("%s: --restart: deleting %d checkpoint(s), training from step 0",
+                    directory, len(list_checkpoints(directory)))
+        tf.io.gfile.rmtree(directory)
+
+
+def _step(prefix: str) -> int:
+    return int(prefix.rsplit("-", 1)[1])
