@@ -25,7 +25,6 @@ parts are built by `trainer.loop.build.build_controller` and handed in:
 from __future__ import annotations
 
 import dataclasses
-import signal
 import time
 from typing import Callable, Mapping, Optional, Protocol, Sequence
 
@@ -97,14 +96,11 @@ class Controller:
         self.inner_loop, self.evaluator = inner_loop, evaluator
         self.checkpoints, self.summaries, self.actions = checkpoints, summaries, actions
         self.schedule, self.signals, self.share = schedule, signals, share
-        self.check_inputs = check_inputs
+        self.check_inputs = check_inputs  # before each evaluation and save
         self.step = self.start_step = 0
+        self.total_steps = schedule.total_steps
         self.result: dict = {}
         self._logged_step, self._logged_time = 0, time.perf_counter()
-
-    @property
-    def total_steps(self) -> int:
-        return self.schedule.total_steps
 
     def run(self) -> dict:
         """Restores, trains to the end, evaluates; the results (`finish`).
@@ -191,15 +187,10 @@ class Controller:
         request = self.signals.requested(self.share)
         if request is None:
             return
-        signum, here = request
         if self.checkpoints.saved_step != self.step:
             self._save()
-        saved = self.checkpoints.path(self.step, self.checkpoints.restore_dir)
-        raise Stopped(signum,
-                      f"{signal.Signals(signum).name} received"
-                      f"{'' if here else ' by another worker'}: stopped at step "
-                      f"{self.step}/{self.total_steps}, saved {saved}; rerun the same "
-                      "command to resume")
+        raise Stopped.saved(*request, f"{self.step}/{self.total_steps}",
+                            self.checkpoints.path(self.step, self.checkpoints.restore_dir))
 
     def evaluate(self) -> dict:
         """Evaluates, checking before and after that the data is still the run's."""
@@ -209,8 +200,7 @@ class Controller:
         return self.result
 
     def close(self) -> None:
-        """Gives the stop signals back their earlier handlers and closes the
-        actions (a running profile stops; also after a failure)."""
+        """Gives the stop signals back their handlers; closes the actions (a profile)."""
         if self.signals is not None:
             self.signals.release()
         for action in self.actions:

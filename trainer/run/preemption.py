@@ -50,6 +50,14 @@ class Stopped(Exception):
         super().__init__(message)
         self.exit_status = EXIT_STATUS[signum]
 
+    @classmethod
+    def saved(cls, signum: int, here: bool, step: str, checkpoint: str) -> "Stopped":
+        """A stop after saving ``checkpoint`` at ``step`` (``N/TOTAL``); ``here``:
+        the signal came to this process, not to another worker."""
+        return cls(signum, f"{signal.Signals(signum).name} received"
+                           f"{'' if here else ' by another worker'}: stopped at step "
+                           f"{step}, saved {checkpoint}; rerun the same command to resume")
+
 
 class StopSignals:
     """While watched, SIGTERM and SIGINT request a stop instead of ending the process."""
