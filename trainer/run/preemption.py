@@ -27,7 +27,7 @@ supports only ``MultiWorkerMirroredStrategy`` and ``TPUStrategy`` (not the
 default or ``MirroredStrategy`` runs), replaces the process's SIGTERM
 handler and leaves SIGINT alone, restores the checkpoint the state file
 names when it is created (a damaged state file or newest checkpoint would
-bypass `trainer.run.checkpoints`), adds its own counter of ``run`` calls to the
+bypass `trainer.run.checkpoint_repair`), adds its own counter of ``run`` calls to the
 checkpoint, exits the process itself, and cannot wrap ``Model.fit``'s steps
 (Keras reaches it only through ``BackupAndRestore``, which mis-counts steps
 with ``steps_per_execution > 1``; see docs/trainer.md).
