@@ -15,7 +15,7 @@ import pytest
 
 from tests import trainer_data
 from tests.helpers import REPO
-from tests.trainer_runs import metrics, run, start
+from tests.trainer.trainer_runs import metrics, run, start
 
 pytestmark = pytest.mark.slow
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import mnist_contract as contract
-from tests.test_launchers import (PYPROJECT, SCRIPTS, WHEEL, clean_env,
+from tests.scripts.test_launchers import (PYPROJECT, SCRIPTS, WHEEL, clean_env,
                                   fake_program, flag_values, run_script)
 
 sys.path.insert(0, str(SCRIPTS))

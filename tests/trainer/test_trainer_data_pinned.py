@@ -13,7 +13,7 @@ import pytest
 import tf_keras
 
 from tests import trainer_data
-from tests.trainer_runs import errors, metrics, one_error, run, start
+from tests.trainer.trainer_runs import errors, metrics, one_error, run, start
 from trainer import config as config_lib
 from trainer.errors import TrainerError
 from trainer.train import train_and_evaluate

@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from tests.helpers import REPO
-from tests.test_pipeline_storage_errors import mount
+from tests.pipeline.test_pipeline_storage_errors import mount
 
 pytestmark = pytest.mark.slow
 
