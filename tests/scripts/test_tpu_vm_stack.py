@@ -27,7 +27,7 @@ import pytest
 
 from tests.scripts import tpu_vm_stack
 from tests.helpers import REPO
-from tests.scripts.test_launchers import PYPROJECT, fake_program
+from tests.scripts.launch_helpers import PYPROJECT, fake_program
 
 tc = tpu_vm_stack.tc
 

@@ -13,7 +13,7 @@ import os
 import pytest
 
 # model_dir, trained: the shared fixtures.
-from tests.trainer.trainer_runs import metrics, model_dir, one_error, run, trained  # noqa: F401
+from tests.trainer.trainer_runs import metrics, one_error, run
 
 SPE = ["--steps_per_epoch=4", "--loop=custom"]
 

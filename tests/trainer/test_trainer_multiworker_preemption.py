@@ -28,7 +28,7 @@ import pytest
 
 from tests import trainer_data
 from tests.trainer import trainer_runs
-from tests.trainer.test_trainer_preemption import final_variables, saved_step, state_file
+from tests.trainer.trainer_runs import final_variables, saved_step, state_file
 
 pytestmark = pytest.mark.slow
 

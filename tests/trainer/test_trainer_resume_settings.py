@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 # model_dir, trained: the shared fixtures.
-from tests.trainer.trainer_runs import metrics, model_dir, one_error, run, trained  # noqa: F401
+from tests.trainer.trainer_runs import metrics, one_error, run
 
 LOOP = ["--loop=custom", "--steps_per_epoch=4"]
 
