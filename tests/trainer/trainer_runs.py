@@ -49,11 +49,6 @@ def one_error(capsys) -> str:
     return lines[0]
 
 
-def metrics(model_dir: str) -> dict:
-    with open(os.path.join(model_dir, "metrics.json")) as f:
-        return json.load(f)
-
-
 def two_epoch_run(root) -> tuple[str, str]:
     """(data, model_dir): two custom-loop epochs of 4 steps at batch 8 on a
     small dataset under ``root``, leaving ckpt-4 and ckpt-8."""
