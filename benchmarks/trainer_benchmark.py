@@ -22,7 +22,7 @@
    ratio for a real model is (step + saved cost) / step, so it shrinks as
    the step's own time grows; the last lines say by how much here.
 
-The data is synthetic (class prototypes + noise, `tests/trainer_data.py`),
+The data is synthetic (class prototypes + noise, `synthetic_data.py`),
 written as TFRecord shards to a temporary directory. Each timing follows a
 warm-up (tracing, first fill of buffers). Each ratio's two sides are then
 timed in short windows, alternately, ``--repeats`` times; the ratio is the
@@ -53,7 +53,7 @@ import tf_keras as keras  # noqa: E402
 
 import mnist_contract as contract  # noqa: E402
 from mnist_contract import examples  # noqa: E402
-from tests import trainer_data  # noqa: E402
+import synthetic_data  # noqa: E402  (beside this script)
 from trainer.config import TrainConfig  # noqa: E402
 from trainer.data import input_pipeline, splits  # noqa: E402
 from trainer.loop import custom_loop, keras_loop  # noqa: E402
@@ -287,10 +287,10 @@ def main() -> int:
           f"{os.cpu_count()} CPU(s); batch {args.batch}; small model "
           f"({model_lib.build_model('small').count_params():,} parameters)")
     with tempfile.TemporaryDirectory() as tmp:
-        trainer_data.write_dataset(tmp, num_train=args.examples, num_test=10,
-                                   train_shards=args.shards, test_shards=1)
+        images, labels = synthetic_data.write_dataset(
+            tmp, num_train=args.examples, num_test=10, train_shards=args.shards,
+            test_shards=1)
         split = splits.split_files(tmp, splits.load_manifest(tmp), "train")
-        images, labels = trainer_data.make_arrays(args.examples, 0)
         results = {}
         results["input"] = (
             input_ratio(split, images, labels, args.batch, args.input_batches, args.repeats),

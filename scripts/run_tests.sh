@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run the test suite from the repository root; arguments go to pytest
-# (e.g. scripts/run_tests.sh tests/test_launchers.py -k dataflow).
+# (e.g. scripts/run_tests.sh tests/scripts/test_launchers.py -k dataflow).
 #
 # The tests start what they need themselves (the GCS emulator, subprocesses).
 # Here only the environment is pinned down so runs are quiet and do not

@@ -1,5 +1,6 @@
-"""Shared fixtures: small real-digit IDX files, trainer datasets, a local GCS API
-server, and the same server behind TensorFlow's own gs:// client (`tests.gcs_tls`).
+"""Fixtures of more than one test folder: real digits, a local GCS API server,
+and the same server behind TensorFlow's own gs:// client (`tests.gcs_tls`).
+A fixture only one folder's tests use is in that folder's conftest.py.
 
 The helpers they use, which tests also import, are in `tests.helpers`.
 """
@@ -7,7 +8,6 @@ The helpers they use, which tests also import, are in `tests.helpers`.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
@@ -15,7 +15,7 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 import pytest  # noqa: E402
 
 from tests.gcs_tls import GcsTlsServer  # noqa: E402
-from tests.helpers import GcsEmulator, free_port, real_digits, write_idx_split  # noqa: E402
+from tests.helpers import GcsEmulator, free_port, real_digits  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -24,35 +24,6 @@ def digits():
     train = real_digits(360)
     test = real_digits(90, offset=3)
     return {"train": train, "test": test}
-
-
-@pytest.fixture
-def idx_dir(tmp_path, digits) -> Path:
-    folder = tmp_path / "idx"
-    for split, (images, labels) in digits.items():
-        write_idx_split(folder, split, images, labels)
-    return folder
-
-
-@pytest.fixture(scope="session")
-def trainer_dataset(tmp_path_factory):
-    """``trainer_dataset(**sizes)`` → the folder of a `tests.trainer_data.write_dataset`
-    dataset of those sizes, written once per session for each set of sizes.
-
-    Shared between tests, so they read it and never change it (a test that
-    edits its data writes its own).
-    """
-    made: dict[tuple, str] = {}
-
-    def make(**sizes) -> str:
-        key = tuple(sorted(sizes.items()))
-        if key not in made:
-            from tests import trainer_data  # imports TensorFlow: only when used
-            out = str(tmp_path_factory.mktemp("trainer_data") / "data")
-            trainer_data.write_dataset(out, **sizes)
-            made[key] = out
-        return made[key]
-    return make
 
 
 @pytest.fixture(scope="session")

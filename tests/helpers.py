@@ -1,5 +1,5 @@
 """Helpers the tests import: paths, real-digit IDX files, a local GCS API server (and
-one that refuses every request), subprocess results."""
+one that refuses every request), subprocess results, mounts for real disk faults."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 EMULATOR_BUCKET = "test-bucket"
@@ -158,3 +159,9 @@ def run_results_script(script: str, tmp, timeout: int) -> tuple[dict, str]:
     return json.loads(lines[-1][len("RESULTS "):]), proc.stdout
 
 
+def mount(*args):
+    """``mount ARGS`` (a small tmpfs, a read-only bind mount) for a real disk
+    fault; skips the test where mounting is not permitted."""
+    result = subprocess.run(["mount", *args], capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.skip(f"mount not permitted here: {result.stderr.strip()}")

@@ -89,8 +89,9 @@ def corrupt(path: str, offset: Optional[int] = None) -> None:
         f.write(bytes(blob))
 
 
-def test_arrays(num_test: int = 37, seed: int = 0):
-    """The test split `write_dataset` writes for ``seed`` (for exact checks)."""
+def eval_arrays(num_test: int = 37, seed: int = 0):
+    """The test split `write_dataset` writes for ``seed`` (for exact checks of
+    evaluation and prediction)."""
     return make_arrays(num_test, seed + 1)
 
 

@@ -11,7 +11,6 @@ import functools
 from typing import Sequence
 
 import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
-import tensorflow as tf
 import tf_keras as keras
 
 import mnist_contract as contract

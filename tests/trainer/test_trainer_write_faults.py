@@ -17,8 +17,7 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO
-from tests.test_pipeline_storage_errors import mount
+from tests.helpers import REPO, mount
 
 pytestmark = pytest.mark.slow
 

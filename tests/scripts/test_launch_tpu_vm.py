@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 
 import mnist_contract as contract
-from tests.test_launchers import (PYPROJECT, SCRIPTS, WHEEL, clean_env,
-                                  fake_program, flag_values, run_script)
+from tests.scripts.launch_helpers import (PYPROJECT, RUNNING, SCRIPTS, TPU_ARGS, WHEEL,
+                                          FakeHost, clean_env, fake_program, flag_values,
+                                          run_script, status_line, tpu_plan, wait_with)
 
 sys.path.insert(0, str(SCRIPTS))
 
@@ -30,17 +31,8 @@ import launch_common as lc  # noqa: E402
 import launch_tpu_vm as lt  # noqa: E402
 import tpu_vm_commands as tc  # noqa: E402
 
-TPU_ARGS = ["--name=mnist-tpu", "--zone=us-central2-b",
-            "--accelerator_type=v4-8", "--data=gs://bkt/mnist",
-            "--model_dir=gs://bkt/runs/1"]
 POD_ARGS = [a for a in TPU_ARGS if not a.startswith("--accelerator_type")] + [
     "--accelerator_type=v4-32", "--runtime_version=tpu-vm-tf-2.19.0-pod-pjrt"]
-
-
-def tpu_plan(step: str, *extra: str, base=TPU_ARGS):
-    args, rest = lt.parse_args([step, *base, *extra])
-    cfg = lt.resolve_config(args, rest, environ={})
-    return cfg, tc.plan(step, cfg, PYPROJECT)
 
 
 def remote_script(cmd: list[str]) -> str:
@@ -349,10 +341,6 @@ def test_logs_follow_stops_when_the_trainer_exits(tmp_path):
 
 # ------------------------------------------------------- status and wait
 
-def status_line(state: str, host: str = "t1-w-0") -> str:
-    return f"{tc.STATUS_PREFIX} {state} on {host}"
-
-
 @pytest.mark.parametrize("lines,expected", [
     ([status_line("running pid=12")], ("running", 0)),
     ([status_line("exited status=0")], ("exited", 0)),
@@ -370,33 +358,6 @@ def status_line(state: str, host: str = "t1-w-0") -> str:
 def test_status_summary(lines, expected):
     output = "Using ssh batch size of 1.\n" + "\n".join(lines) + "\n"
     assert tc.summarize_status(tc.parse_status(output)) == expected
-
-
-class FakeHost:
-    """Answers status checks from a script of ``(exit code, output)``."""
-
-    def __init__(self, answers):
-        self.answers = list(answers)
-        self.calls = 0
-        self.slept = []
-        self.now = 0.0
-
-    def run(self, cmd):
-        self.calls += 1
-        return self.answers.pop(0)
-
-    def sleep(self, seconds):
-        self.slept.append(seconds)
-        self.now += seconds
-
-
-def wait_with(host: FakeHost, *extra: str) -> int:
-    cfg, [cmd] = tpu_plan("wait", "--poll_seconds=30", *extra)
-    return lt.wait_for_trainer(cfg, cmd, run=host.run, sleep=host.sleep,
-                               clock=lambda: host.now)
-
-
-RUNNING = (0, status_line("running pid=12") + "\n")
 
 
 def test_wait_polls_until_the_trainer_exits(capsys):

@@ -15,7 +15,8 @@ import pytest
 
 from tests import trainer_data
 from tests.helpers import REPO
-from tests.trainer_runs import metrics, run, start
+from tests.trainer.trainer_runs import run, start
+from tests.trainer_data import read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +43,7 @@ def test_kill_while_exporting_leaves_a_consistent_pair(tmp_path):
                                test_shards=1)
     flags = ("--loop=custom", "--global_batch_size=32", "--learning_rate=3e-4")
     assert run(data, model_dir, "--epochs=1", *flags) == 0
-    first = metrics(model_dir)
+    first = read_metrics(model_dir)
     since = time.time()
     proc = start(data, model_dir, "--epochs=3", *flags)
     try:
@@ -55,14 +56,14 @@ def test_kill_while_exporting_leaves_a_consistent_pair(tmp_path):
         proc.kill()
     code, line = predict_accuracy(model_dir, data)
     if os.path.exists(os.path.join(model_dir, "metrics.json")):
-        described = metrics(model_dir)
+        described = read_metrics(model_dir)
         assert described == first  # the kill came before the commit point
         assert code == 0 and line.startswith(f"accuracy={described['test_accuracy']:.4f} ")
     else:  # killed between the two: the export is refused, not trusted
         assert code == 1 and "not committed" in line, line
     # The next run finishes the job: one consistent pair.
     assert run(data, model_dir, "--epochs=3", *flags) == 0
-    final = metrics(model_dir)
+    final = read_metrics(model_dir)
     assert final["train_steps"] == 24 and final["test_accuracy"] != first["test_accuracy"]
     code, line = predict_accuracy(model_dir, data)
     assert code == 0 and line.startswith(f"accuracy={final['test_accuracy']:.4f} ")
@@ -102,4 +103,5 @@ def test_a_failed_commit_is_one_line_and_the_rerun_commits(tmp_path, monkeypatch
     monkeypatch.setattr(outputs, "write_text", write_text)
     assert cli.main(argv) == 0
     code, line = predict_accuracy(model_dir, data)
-    assert code == 0 and line.startswith(f"accuracy={metrics(model_dir)['test_accuracy']:.4f} ")
+    assert code == 0 and line.startswith(
+        f"accuracy={read_metrics(model_dir)['test_accuracy']:.4f} ")

@@ -13,10 +13,8 @@ records its arguments.
 
 from __future__ import annotations
 
-import os
 import shlex
 import shutil
-import stat
 import subprocess
 import sys
 import tempfile
@@ -26,51 +24,13 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO
+from tests.scripts.launch_helpers import (PYPROJECT, SCRIPTS, WHEEL, clean_env,
+                                          fake_program, flag_values, run_script)
 
-SCRIPTS = REPO / "scripts"
 sys.path.insert(0, str(SCRIPTS))
 
 import launch_common as lc  # noqa: E402
 import launch_dataflow as ld  # noqa: E402
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
-
-PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
-WHEEL = "{}-{}-py3-none-any.whl".format(
-    PYPROJECT["project"]["name"].replace("-", "_"),
-    PYPROJECT["project"]["version"])
-SETTINGS_ENV = ("GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT",
-                "DATAFLOW_REGION", "CLOUDSDK_COMPUTE_REGION",
-                "DATAFLOW_TEMP_LOCATION", "DATAFLOW_OUTPUT", "TPU_NAME",
-                "TPU_ZONE", "CLOUDSDK_COMPUTE_ZONE", "TPU_ACCELERATOR_TYPE",
-                "TPU_RUNTIME_VERSION")
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in SETTINGS_ENV}
-    env.update(extra)
-    return env
-
-
-def run_script(name: str, *args: str, env: dict[str, str] | None = None):
-    return subprocess.run(
-        [sys.executable, str(SCRIPTS / name), *args], cwd=REPO,
-        env=clean_env() if env is None else env, capture_output=True,
-        text=True, timeout=120)
-
-
-def fake_program(path: Path, body: str) -> Path:
-    path.write_text("#!/usr/bin/env bash\n" + body)
-    path.chmod(path.stat().st_mode | stat.S_IXUSR)
-    return path
-
-
-def flag_values(cmd: list[str]) -> dict[str, str]:
-    return dict(a[2:].split("=", 1) for a in cmd
-                if a.startswith("--") and "=" in a)
 
 
 # --------------------------------------------------------------- Dataflow

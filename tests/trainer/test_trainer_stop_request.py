@@ -1,6 +1,6 @@
 """A stop request (`trainer.run.preemption`) seen by the controller, and the
 Keras loop's checkpoint cadence: fast, in-process checks of what
-tests/test_trainer_preemption.py shows end to end."""
+tests/trainer/test_trainer_preemption.py shows end to end."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The software a TPU VM host gets, checked here without a TPU.
 
-`tests.tpu_vm_stack` builds the host's environment with the launcher's own
+`tests.scripts.tpu_vm_stack` builds the host's environment with the launcher's own
 install script (tensorflow-tpu, the pinned libtpu, tf-keras, the project
 wheel). On it: TensorFlow imports with libtpu loaded, the trainer asked for
 a TPU that is not there ends with one line, and the trainer tests that
@@ -25,9 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from tests import tpu_vm_stack
+from tests.scripts import tpu_vm_stack
 from tests.helpers import REPO
-from tests.test_launchers import PYPROJECT, fake_program
+from tests.scripts.launch_helpers import PYPROJECT, fake_program
 
 tc = tpu_vm_stack.tc
 
@@ -40,10 +40,13 @@ ABORT = ("2026-12-01 09:19:22.682455: F external/local_xla/xla/stream_executor/"
 # needs: what a TPU run does (loops, replicas, bfloat16, resume, export).
 # The trainer tests of both loops, two replicas, bfloat16 and the tpu preset,
 # resume, export and predict; tests marked ``tf221`` need the CPU build.
-STACK_TESTS = ["tests/test_trainer_distributed.py", "tests/test_trainer_export.py",
-               "tests/test_trainer_cli.py", "tests/test_trainer_loops.py",
-               "tests/test_trainer_model.py", "tests/test_trainer_strategy.py",
-               "tests/test_trainer_imports.py"]
+STACK_TESTS = ["tests/trainer/test_trainer_distributed.py",
+               "tests/trainer/test_trainer_export.py",
+               "tests/trainer/test_trainer_cli.py",
+               "tests/trainer/test_trainer_loops.py",
+               "tests/trainer/test_trainer_model.py",
+               "tests/trainer/test_trainer_strategy.py",
+               "tests/trainer/test_trainer_imports.py"]
 
 
 # ------------------------------------------- the install check, stand-in

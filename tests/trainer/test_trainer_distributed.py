@@ -46,7 +46,7 @@ SCRIPT = textwrap.dedent(r'''
     for root in ("ram://dist-data", tmp + "/data"):
         trainer_data.write_dataset(root, num_train=512, num_test=NUM_TEST,
                                    train_shards=4, test_shards=2)
-    test_images, test_labels = trainer_data.test_arrays(NUM_TEST)
+    test_images, test_labels = trainer_data.eval_arrays(NUM_TEST)
 
     def files_under(path):
         return sorted(f"{d[len(path):]}/{f}".lstrip("/")

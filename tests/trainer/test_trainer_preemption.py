@@ -37,11 +37,11 @@ import time
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from tests import trainer_data
 from tests.helpers import REPO
-from trainer.run import checkpoints, outputs
+from tests.trainer.trainer_runs import final_variables, saved_step, state_file
+from trainer.run import outputs
 
 pytestmark = pytest.mark.slow
 
@@ -66,26 +66,6 @@ def finish(proc: subprocess.Popen) -> str:
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, out[-2000:] + err[-4000:]
     return out
-
-
-def saved_step(model_dir: str) -> int:
-    """The step of the checkpoint a restart will resume from (both loops)."""
-    latest = tf.train.latest_checkpoint(os.path.join(model_dir, outputs.CHECKPOINTS))
-    return int(latest.rsplit("-", 1)[1]) if latest else 0
-
-
-def state_file(model_dir: str) -> str:
-    """The file a checkpoint manager writes (atomically) once a checkpoint is complete."""
-    return os.path.join(model_dir, outputs.CHECKPOINTS, "checkpoint")
-
-
-def final_variables(model_dir: str) -> dict:
-    """Every variable (model and optimizer) of the run's last checkpoint."""
-    reader = tf.train.load_checkpoint(
-        tf.train.latest_checkpoint(os.path.join(model_dir, outputs.CHECKPOINTS)))
-    return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
-            if k.endswith("VARIABLE_VALUE") and not k.startswith("save_counter")
-            and not k.startswith(checkpoints.STATE_NAME)}  # the history, compared apart
 
 
 @pytest.mark.parametrize("loop", ["keras", "custom"])

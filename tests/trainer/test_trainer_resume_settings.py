@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 # model_dir, trained: the shared fixtures.
-from tests.trainer_runs import metrics, model_dir, one_error, run, trained  # noqa: F401
+from tests.trainer.trainer_runs import one_error, run
+from tests.trainer_data import read_metrics
 
 LOOP = ["--loop=custom", "--steps_per_epoch=4"]
 
@@ -44,7 +45,7 @@ def test_more_epochs_continue_with_truthful_metrics(trained, model_dir, capsys):
     capsys.readouterr()
     assert run(trained[0], model_dir, "--epochs=3", *LOOP) == 0
     assert "resuming at step 8/12" in capsys.readouterr().out
-    result = metrics(model_dir)
+    result = read_metrics(model_dir)
     assert result["epochs"] == 3 and result["train_steps"] == 12
     assert result["train_examples"] == 12 * 8
     assert all(len(values) == 3 for values in result["history"].values())

@@ -13,7 +13,8 @@ import os
 import pytest
 
 # model_dir, trained: the shared fixtures.
-from tests.trainer_runs import metrics, model_dir, one_error, run, trained  # noqa: F401
+from tests.trainer.trainer_runs import one_error, run
+from tests.trainer_data import read_metrics
 
 SPE = ["--steps_per_epoch=4", "--loop=custom"]
 
@@ -44,7 +45,7 @@ def test_damaged_state_file_resumes_from_the_newest_checkpoint(trained, model_di
     code, out, err = resume(trained[0], model_dir, capsys)
     assert code == 0, err
     assert "resuming at step 8/12" in out
-    assert metrics(model_dir)["resumed_from_step"] == 8
+    assert read_metrics(model_dir)["resumed_from_step"] == 8
     assert {4: ckpt(model_dir, 4), 8: ckpt(model_dir, 8)} == before
 
 
@@ -60,7 +61,7 @@ def test_truncated_newest_checkpoint_falls_back_to_the_earlier_one(trained, mode
     assert f"{model_dir}/checkpoints/ckpt-8: damaged, skipped" in caplog.text
     assert "resuming at step 4/12" in out
     assert ckpt(model_dir, 4) == before
-    result = metrics(model_dir)
+    result = read_metrics(model_dir)
     assert result["resumed_from_step"] == 4 and result["train_steps"] == 12
     assert len(result["history"]["test_accuracy"]) == 3
 
@@ -81,7 +82,7 @@ def test_no_checkpoint_restores_stops_unless_restart(trained, model_dir, capsys)
     code, out, err = resume(trained[0], model_dir, capsys, "--restart")
     assert code == 0, err
     assert "resuming" not in out
-    assert metrics(model_dir)["resumed_from_step"] == 0
+    assert read_metrics(model_dir)["resumed_from_step"] == 0
 
 
 def test_leftovers_of_a_cut_save_are_removed_with_a_warning(trained, model_dir, capsys,

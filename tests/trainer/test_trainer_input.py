@@ -156,7 +156,7 @@ def test_formats_decode_to_the_written_pixels(image_format, compression, tmp_pat
                   compression=compression)
     assert files.compression_type == ("GZIP" if compression == "gzip" else "")
     ds = input_pipeline.eval_dataset(files, 4, context(1, 0, 1))
-    images, labels = trainer_data.test_arrays(num_test=10)
+    images, labels = trainer_data.eval_arrays(num_test=10)
     got = 0
     for b in batches(ds, input_pipeline.eval_steps(files.counts, 4, 1, 1)):
         for img, label, index, w in zip(b[contract.IMAGE_KEY], b[contract.LABEL_KEY],

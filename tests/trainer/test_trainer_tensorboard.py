@@ -122,7 +122,7 @@ def test_misclassified_digits_with_their_labels(runs, loop):
     wrong = np.flatnonzero(classes != labels)[:25]
     assert 0 < len(wrong) < NUM_TEST
     assert image.shape == (-(-len(wrong) // 5) * 72 + 2, min(5, len(wrong)) * 58 + 2, 3)
-    test_images, _ = trainer_data.test_arrays(NUM_TEST)
+    test_images, _ = trainer_data.eval_arrays(NUM_TEST)
     digits = test_images[indices[wrong]]
     for tile, digit in zip(tiles(image, 70, 56, len(wrong), 5), digits[..., 0]):
         np.testing.assert_array_equal(tile[:56], digit.repeat(2, axis=0).repeat(2, axis=1))

@@ -1,4 +1,5 @@
-"""Small trainer runs for the trust tests: in-process (`run`) or as a process (`start`).
+"""Small trainer runs for the trust tests: in-process (`run`) or as a process (`start`),
+and what a run left in its checkpoints (`saved_step`, `final_variables`).
 
 Every run passes ``--preset=smoke`` and tiny sizes, so each takes seconds.
 """
@@ -11,10 +12,11 @@ import socket
 import subprocess
 import sys
 
-import pytest
+import tensorflow as tf
 
 from tests.helpers import REPO
 from trainer import __main__ as cli
+from trainer.run import checkpoints, outputs
 
 FLAGS = ["--preset=smoke", "--global_batch_size=8", "--steps_per_execution=2",
          "--verbose=0", "--log_every=1000"]
@@ -46,11 +48,6 @@ def one_error(capsys) -> str:
     return lines[0]
 
 
-def metrics(model_dir: str) -> dict:
-    with open(os.path.join(model_dir, "metrics.json")) as f:
-        return json.load(f)
-
-
 def two_epoch_run(root) -> tuple[str, str]:
     """(data, model_dir): two custom-loop epochs of 4 steps at batch 8 on a
     small dataset under ``root``, leaving ckpt-4 and ckpt-8."""
@@ -71,18 +68,24 @@ def copy_of(model_dir: str, tmp_path) -> str:
     return copy
 
 
-# Fixtures for the modules that resume copies of one trained run; a module
-# imports both names.
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """`two_epoch_run` once per module: (data, model_dir)."""
-    return two_epoch_run(tmp_path_factory.mktemp("two-epochs"))
+def saved_step(model_dir: str) -> int:
+    """The step of the checkpoint a restart will resume from (both loops)."""
+    latest = tf.train.latest_checkpoint(os.path.join(model_dir, outputs.CHECKPOINTS))
+    return int(latest.rsplit("-", 1)[1]) if latest else 0
 
 
-@pytest.fixture
-def model_dir(trained, tmp_path):
-    """A fresh copy of `trained`'s model_dir for one test to change."""
-    return copy_of(trained[1], tmp_path)
+def state_file(model_dir: str) -> str:
+    """The file a checkpoint manager writes (atomically) once a checkpoint is complete."""
+    return os.path.join(model_dir, outputs.CHECKPOINTS, "checkpoint")
+
+
+def final_variables(model_dir: str) -> dict:
+    """Every variable (model and optimizer) of the run's last checkpoint."""
+    reader = tf.train.load_checkpoint(
+        tf.train.latest_checkpoint(os.path.join(model_dir, outputs.CHECKPOINTS)))
+    return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
+            if k.endswith("VARIABLE_VALUE") and not k.startswith("save_counter")
+            and not k.startswith(checkpoints.STATE_NAME)}  # the history, compared apart
 
 
 def free_ports(n: int) -> list[int]:

@@ -16,13 +16,7 @@ from pipeline import storage
 from pipeline.publish import lock
 from pipeline.__main__ import main
 from pipeline.verify import verify
-from tests.helpers import REPO, run_job
-
-
-def mount(*args):
-    result = subprocess.run(["mount", *args], capture_output=True, text=True)
-    if result.returncode != 0:
-        pytest.skip(f"mount not permitted here: {result.stderr.strip()}")
+from tests.helpers import REPO, mount, run_job
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ import tensorflow as tf
 from mnist_contract import lockfile
 from tests import trainer_data
 from tests.helpers import EMULATOR_BUCKET, RefusingGcsServer, free_port
-from tests.trainer_runs import errors, start
+from tests.trainer.trainer_runs import errors, start
 from trainer.errors import TrainerError
 from trainer.run import lock as run_lock
 

@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from tests.test_launch_tpu_vm import RUNNING, FakeHost, status_line, tc, wait_with
+from tests.scripts.launch_helpers import RUNNING, FakeHost, status_line, tc, wait_with
 from trainer.run import preemption
 
 

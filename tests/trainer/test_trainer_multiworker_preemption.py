@@ -10,7 +10,7 @@ soon as the chief's first checkpoint is on disk. Then:
   worker"), and the chief's ``model_dir`` holds the checkpoint of that step;
 * the same two commands again resume there on both workers, finish the
   planned steps, and end with the reference's weights and optimizer state,
-  bit for bit (the single-worker reasoning of tests/test_trainer_preemption.py,
+  bit for bit (the single-worker reasoning of tests/trainer/test_trainer_preemption.py,
   plus collectives that sum in the same order every run);
 * (custom loop) a non-chief that cannot see the chief's checkpoints (another
   ``--model_dir``) is refused on both workers instead of training from step 0
@@ -26,8 +26,9 @@ import time
 import numpy as np
 import pytest
 
-from tests import trainer_data, trainer_runs
-from tests.test_trainer_preemption import final_variables, saved_step, state_file
+from tests import trainer_data
+from tests.trainer import trainer_runs
+from tests.trainer.trainer_runs import final_variables, saved_step, state_file
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,8 @@ import pytest
 import tf_keras
 
 from tests import trainer_data
-from tests.trainer_runs import errors, metrics, one_error, run, start
+from tests.trainer.trainer_runs import errors, one_error, run, start
+from tests.trainer_data import read_metrics
 from trainer import config as config_lib
 from trainer.errors import TrainerError
 from trainer.train import train_and_evaluate
@@ -91,7 +92,7 @@ def test_metrics_and_dataset_json_name_the_dataset(tmp_path):
     manifest = trainer_data.write_dataset(data, **SIZES)
     assert run(data, model_dir, "--epochs=1") == 0
     sha = manifest_sha(data)
-    assert metrics(model_dir)["dataset"] == {"data": data, "manifest_sha256": sha}
+    assert read_metrics(model_dir)["dataset"] == {"data": data, "manifest_sha256": sha}
     with open(os.path.join(model_dir, "dataset.json")) as f:
         pinned = json.load(f)
     assert pinned["manifest_sha256"] == sha
@@ -114,6 +115,6 @@ def test_resume_on_another_dataset_needs_the_flag(tmp_path, capsys):
         f"{manifest_sha(data)[:12]}...); resume with that data, pass "
         "--allow_new_dataset to continue on this one, or use another --model_dir")
     assert run(data, model_dir, "--epochs=2", "--allow_new_dataset") == 0
-    result = metrics(model_dir)
+    result = read_metrics(model_dir)
     assert result["dataset"]["manifest_sha256"] == manifest_sha(data)
     assert result["resumed_from_step"] == 8

@@ -5,7 +5,7 @@ Unit level, tiny models: the export loads with plain ``tf_keras.models.load_mode
 agrees with the trained model on the pipeline's float input; augmentation is
 a no-op at inference and a real warp while training; the learning-rate
 schedules have their stated values. The real-digit check (export accuracy ==
-the trainer's reported accuracy) is in tests/test_roundtrip.py.
+the trainer's reported accuracy) is in tests/contract/test_roundtrip.py.
 """
 
 from __future__ import annotations
