@@ -11,6 +11,7 @@ import uuid
 
 import pytest
 
+from mnist_common import storage_lock
 from pipeline import options
 from pipeline.publish import lock
 from pipeline.errors import PipelineInputError
@@ -112,8 +113,7 @@ def test_heartbeat_refreshes_and_never_overwrites_a_taken_lock(output, monkeypat
 
 
 def test_heartbeat_thread_keeps_the_lock_fresh(tmp_path, monkeypatch):
-    from mnist_contract import lockfile
-    monkeypatch.setattr(lockfile, "HEARTBEAT_SECONDS", 0.05)
+    monkeypatch.setattr(storage_lock, "HEARTBEAT_SECONDS", 0.05)
     held = lock.acquire(str(tmp_path), "mine")
     path = tmp_path / lock.LOCK_FILE
     os.utime(path, (1, 1))
