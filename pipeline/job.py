@@ -17,25 +17,15 @@ from apache_beam.metrics.metric import MetricsFilter
 
 import mnist_contract as contract
 
-from pipeline import options as job_options
 from pipeline import _compat, progress, storage
 from pipeline.errors import (Interrupted, PipelineInputError, StorageError,
                              as_pipeline_error, is_interrupt)
 from pipeline.options import Options
 from pipeline.publish.output import (OutputLayout, finalize, interrupted_state,
                                      prepare_output, remove_temp)
-from pipeline.shard import transforms
+from pipeline.shard import sharding, transforms
 from pipeline.shard.config import SHARDS
 from pipeline.source.sources import announce
-
-
-def _check_sharding(options: Options) -> None:
-    source = options.data_source
-    try:
-        job_options.check_sharding(
-            options, {s: source.estimated_examples(s) for s in options.splits})
-    except job_options.FlagError as e:
-        raise PipelineInputError(str(e)) from None
 
 
 def _runner(name: str):
@@ -91,7 +81,9 @@ def _run(options: Options, held: list) -> contract.Manifest:
     storage.configure_gcs()
     announce(options.data_source)
     options.data_source.check()
-    _check_sharding(options)
+    sharding.check_sharding(
+        options, {split: options.data_source.estimated_examples(split)
+                  for split in options.splits})
     layout = prepare_output(options, uuid.uuid4().hex[:12])
     held.append(layout)
     logging.info("Writing %s into temporary folder %s (shuffle: %s)",
