@@ -41,7 +41,6 @@ import mnist_contract as contract
 from pipeline.source import idx  # noqa: E402
 from pipeline.source.sources import SampleSource  # noqa: E402
 
-RECORD_BYTES = 856  # a raw-format synthetic record with its TFRecord framing
 FLOOR_BLOCK = 8 << 20  # bytes per write, hash and checksum call of the floor
 
 
@@ -163,7 +162,7 @@ def compare(work: Path, factor: int, bar: float, repeats: int) -> None:
 def scale(work: Path, gigabytes: float) -> None:
     print("Scale (synthetic, DirectRunner, target 100 MB shards):")
     for fraction in (0.5, 1.0):
-        records = int(gigabytes * fraction * 1e9 / RECORD_BYTES)
+        records = int(gigabytes * fraction * 1e9 / contract.RECORD_SIZES["raw"].typical)
         out = work / f"scale-{fraction}"
         wall, rss = run_measured(
             [sys.executable, "-m", "pipeline", f"--source=synthetic:{records}",

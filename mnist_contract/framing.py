@@ -51,6 +51,16 @@ def frame_records(records: Sequence[bytes]) -> list[bytes]:
             for i, data in zip(range(0, 4 * len(records), 4), records)]
 
 
+def _record_end(buffer: bytes, offset: int, at: int, origin: str) -> int:
+    """Where the record whose header starts at ``buffer[offset]`` ends, once its
+    length CRC checks (``at``: that header's byte in the stream, for the error)."""
+    length_bytes = buffer[offset:offset + 8]
+    if struct.unpack_from("<I", buffer, offset + 8)[0] != masked_crc(length_bytes):
+        raise FramingError(f"{origin}: bad length CRC at byte {at}")
+    (length,) = struct.unpack("<Q", length_bytes)
+    return offset + HEADER_BYTES + length + 4
+
+
 def iter_records(stream: BinaryIO, origin: str, *, limit: Optional[int] = None,
                  start_offset: int = 0, chunk_bytes: int = 1 << 20) -> Iterator[bytes]:
     """Yields each record's data from ``stream``, checking both CRCs.
@@ -66,11 +76,7 @@ def iter_records(stream: BinaryIO, origin: str, *, limit: Optional[int] = None,
     while True:
         offset = 0
         while len(buffer) - offset >= HEADER_BYTES:
-            length_bytes = buffer[offset:offset + 8]
-            if struct.unpack_from("<I", buffer, offset + 8)[0] != masked_crc(length_bytes):
-                raise FramingError(f"{origin}: bad length CRC at byte {consumed + offset}")
-            (length,) = struct.unpack("<Q", length_bytes)
-            stop = offset + HEADER_BYTES + length + 4
+            stop = _record_end(buffer, offset, consumed + offset, origin)
             if stop > len(buffer):
                 if eof:
                     break

@@ -140,38 +140,42 @@ def _parse(raw: Any, origin: str) -> Manifest:
     compression = _get(raw, "compression", str, "", origin)
     if compression not in COMPRESSIONS:
         raise ContractError(f"{origin}: unknown compression {compression!r}")
-    splits = {}
-    for name, split in _get(raw, "splits", dict, "", origin).items():
-        where = f"split {name!r}: "
-        if not isinstance(split, dict):
-            raise ContractError(f"{origin}: {where}must be an object")
-        shards = []
-        listed = _get(split, "shards", list, where, origin)
-        if not listed:
-            raise ContractError(f"{origin}: {where}lists no shards")
-        for i, s in enumerate(listed):
-            if not isinstance(s, dict):
-                raise ContractError(f"{origin}: {where}shard {i} must be an object")
-            file = _get(s, "file", str, where, origin)
-            shard_where = f"{where}{file}: "
-            shard = ShardInfo(file=file,
-                              num_examples=_get(s, "num_examples", int, shard_where, origin),
-                              num_bytes=_get(s, "num_bytes", int, shard_where, origin),
-                              sha256=_get(s, "sha256", str, shard_where, origin))
-            _check_shard(shard, name, i, len(listed), image_format, compression, origin)
-            shards.append(shard)
-        info = SplitInfo(name=name, shards=tuple(shards))
-        total = _get(split, "num_examples", int, where, origin)
-        if info.num_examples != total:
-            raise ContractError(
-                f"{origin}: split {name!r} says {total} examples but its shards "
-                f"add up to {info.num_examples}")
-        splits[name] = info
+    splits = {name: _parse_split(name, split, image_format, compression, origin)
+              for name, split in _get(raw, "splits", dict, "", origin).items()}
     if not splits:
         raise ContractError(f"{origin}: lists no splits")
     return Manifest(dataset=dataset, image_format=image_format, compression=compression,
                     splits=splits, source=str(raw.get("source", "")),
                     shuffle_salt=str(raw.get("shuffle_salt", "")))
+
+
+def _parse_split(name: str, split: Any, image_format: str, compression: str,
+                 origin: str) -> SplitInfo:
+    where = f"split {name!r}: "
+    if not isinstance(split, dict):
+        raise ContractError(f"{origin}: {where}must be an object")
+    shards = []
+    listed = _get(split, "shards", list, where, origin)
+    if not listed:
+        raise ContractError(f"{origin}: {where}lists no shards")
+    for i, s in enumerate(listed):
+        if not isinstance(s, dict):
+            raise ContractError(f"{origin}: {where}shard {i} must be an object")
+        file = _get(s, "file", str, where, origin)
+        shard_where = f"{where}{file}: "
+        shard = ShardInfo(file=file,
+                          num_examples=_get(s, "num_examples", int, shard_where, origin),
+                          num_bytes=_get(s, "num_bytes", int, shard_where, origin),
+                          sha256=_get(s, "sha256", str, shard_where, origin))
+        _check_shard(shard, name, i, len(listed), image_format, compression, origin)
+        shards.append(shard)
+    info = SplitInfo(name=name, shards=tuple(shards))
+    total = _get(split, "num_examples", int, where, origin)
+    if info.num_examples != total:
+        raise ContractError(
+            f"{origin}: split {name!r} says {total} examples but its shards "
+            f"add up to {info.num_examples}")
+    return info
 
 
 def _check_shard(shard: ShardInfo, split: str, position: int, count: int,

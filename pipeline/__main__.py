@@ -54,23 +54,22 @@ def main(argv=None) -> int:
         run_options = options.parse(argv)
     except (options.FlagError, PipelineInputError) as e:
         return _print_error(e)
-    from pipeline.publish.output import DatasetComplete
     try:
         if run_options.source == "tfds":
             console.import_tensorflow_quietly()  # TFDS reads through TensorFlow
         else:
             console.set_tensorflow_log_level()  # records are encoded without TensorFlow
         from pipeline import job
-        manifest = job.run(run_options)
+        result = job.run(run_options)
     except KeyboardInterrupt:  # while importing Beam: the job had not started
         return _print_error(Interrupted(f"{run_options.output}: interrupted (SIGINT); "
                                         "nothing was written"))
     except PipelineError as e:
         return _print_error(e)
-    except DatasetComplete as e:
-        print(e)
+    if result.nothing_left:
+        print(result.nothing_left)
         return 0
-    for name, split in sorted(manifest.splits.items()):
+    for name, split in sorted(result.manifest.splits.items()):
         print(f"{name}: {split.num_examples} examples in {len(split.shards)} "
               f"shard(s) of ~{split.num_bytes // len(split.shards):,} bytes -> "
               f"{run_options.output}")

@@ -8,34 +8,25 @@ dataset at the output untouched.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
-from typing import Sequence
+from typing import Optional, Sequence
 
 import apache_beam as beam
 from apache_beam.metrics.metric import MetricsFilter
 
 import mnist_contract as contract
 
-from pipeline import options as job_options
 from pipeline import _compat, progress, storage
-from pipeline.errors import (Interrupted, PipelineInputError, StorageError,
-                             as_pipeline_error, is_interrupt)
+from pipeline.errors import (Interrupted, StorageError, as_pipeline_error,
+                             is_interrupt)
 from pipeline.options import Options
 from pipeline.publish.output import (OutputLayout, finalize, interrupted_state,
-                                     prepare_output, remove_temp)
-from pipeline.shard import transforms
+                                     prepared_output, remove_temp)
+from pipeline.shard import sharding, transforms
 from pipeline.shard.config import SHARDS
 from pipeline.source.sources import announce
-
-
-def _check_sharding(options: Options) -> None:
-    source = options.data_source
-    try:
-        job_options.check_sharding(
-            options, {s: source.estimated_examples(s) for s in options.splits})
-    except job_options.FlagError as e:
-        raise PipelineInputError(str(e)) from None
 
 
 def _runner(name: str):
@@ -74,26 +65,62 @@ def _report_counters(result, splits: Sequence[str]) -> dict[str, int]:
     return counters
 
 
-def run(options: Options) -> contract.Manifest:
-    """Runs the whole job and returns the manifest of what it wrote."""
-    held: list[OutputLayout] = []
+@dataclasses.dataclass(frozen=True)
+class JobResult:
+    """What `run` did, for the command line to report (both exit 0).
+
+    ``manifest`` lists the dataset the run wrote. Or the output already
+    held the dataset the options describe once the run had completed the
+    interrupted publish of run ``completed_run``: nothing was left to write
+    and ``manifest`` is None.
+    """
+
+    output: str
+    manifest: Optional[contract.Manifest] = None
+    completed_run: str = ""
+
+    @property
+    def nothing_left(self) -> str:
+        """The line saying the output already holds the dataset ("" if the run wrote it)."""
+        if not self.completed_run:
+            return ""
+        return (f"{self.output}: completed the interrupted publish of run "
+                f"{self.completed_run}, which is the dataset these options describe; "
+                "nothing left to do")
+
+
+def run(options: Options) -> JobResult:
+    """Runs the whole job, holding the output's lock from before it touches the
+    output until it ends, whatever happens."""
     try:
-        return _run(options, held)
+        _check_input(options)
+        with prepared_output(options, uuid.uuid4().hex[:12]) as layout:
+            if layout.completed_run:
+                return JobResult(options.output, completed_run=layout.completed_run)
+            try:
+                return JobResult(options.output, manifest=_write(options, layout))
+            except KeyboardInterrupt:
+                raise _interrupted(options, interrupted_state(layout)) from None
     except KeyboardInterrupt:
-        state = interrupted_state(held[0]) if held else "nothing was written"
-        raise Interrupted(f"{options.output}: interrupted (SIGINT); {state}") from None
-    finally:
-        for layout in held:  # the output's lock, whatever happened
-            layout.release()
+        raise _interrupted(options, "nothing was written") from None
 
 
-def _run(options: Options, held: list) -> contract.Manifest:
+def _interrupted(options: Options, state: str) -> Interrupted:
+    return Interrupted(f"{options.output}: interrupted (SIGINT); {state}")
+
+
+def _check_input(options: Options) -> None:
+    """Refuses, before the output is touched, a source or sharding that cannot work."""
     storage.configure_gcs()
     announce(options.data_source)
     options.data_source.check()
-    _check_sharding(options)
-    layout = prepare_output(options, uuid.uuid4().hex[:12])
-    held.append(layout)
+    sharding.check_sharding(
+        options, {split: options.data_source.estimated_examples(split)
+                  for split in options.splits})
+
+
+def _write(options: Options, layout: OutputLayout) -> contract.Manifest:
+    """Runs the graph into the layout's temp folder and publishes what it wrote."""
     logging.info("Writing %s into temporary folder %s (shuffle: %s)",
                  ",".join(options.splits), layout.temp_dir, options.shuffle_mode)
     result = _run_beam(options, layout)

@@ -352,45 +352,5 @@ def unknown_flags(argv: Sequence[str], runner: str | None) -> list[str]:
     return unknown
 
 
-def check_sharding(options: "Options", examples_per_split: dict[str, int]
-                   ) -> dict[str, int]:
-    """Refuses sharding that cannot be met, or is extreme without the flag.
-
-    Returns the estimated shard count of each split. Sizes are estimated from
-    the record count and the image format (`ShardConfig.record_bytes`); gzip
-    only makes files smaller, so a refusal never rests on compressed sizes.
-    """
-    record = SHARDS.record_bytes(options.image_format)
-    target = options.target_bytes
-    if target < record:
-        raise FlagError(f"--target_shard_bytes={target}: a shard would hold less "
-                        f"than one record (~{record} bytes each)")
-    return {split: _estimated_shards(options, split, count, record)
-            for split, count in examples_per_split.items()}
-
-
-def _estimated_shards(options: "Options", split: str, count: int, record: int) -> int:
-    """One split's shard count for ``count`` records of ``record`` bytes, if acceptable."""
-    if options.min_shards > count:
-        raise FlagError(f"--min_shards={options.min_shards}: more shards than "
-                        f"records ({split} has {count:,})")
-    total = count * record
-    target = options.target_bytes
-    shards = max(options.min_shards, math.ceil(total / target))
-    if options.allow_extreme_sharding:
-        return shards
-    if shards > SHARDS.max_shards_per_split:
-        raise FlagError(
-            f"{split}: {shards:,} shards (over {SHARDS.max_shards_per_split:,}); raise "
-            "--target_shard_mb, lower --min_shards or pass --allow_extreme_sharding")
-    asked = min(target, total / options.min_shards)  # what the flags ask for
-    if shards > 1 and asked < SHARDS.small_shard_bytes:
-        raise FlagError(
-            f"{split}: {shards:,} shards of ~{asked:,.0f} bytes (under "
-            f"{SHARDS.small_shard_bytes // MB} MB); raise --target_shard_mb, lower "
-            "--min_shards or pass --allow_extreme_sharding")
-    return shards
-
-
 def print_error(message: str) -> None:
     print(f"error: {message}", file=sys.stderr)

@@ -134,36 +134,18 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     return parser.parse_known_args(list(argv))
 
 
-def resolve_config(args: argparse.Namespace, pipeline_args: Sequence[str],
-                   environ: Mapping[str, str] | None = None) -> DataflowConfig:
-    """Merge flags with environment variables and validate; ConfigError."""
-    project = lc.first_setting(args.project, lc.env(
-        "GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT", environ=environ))
-    if not project:
-        raise lc.ConfigError(
-            "--project is required (or set GOOGLE_CLOUD_PROJECT)")
-    region = lc.first_setting(args.region, lc.env(
-        "DATAFLOW_REGION", "CLOUDSDK_COMPUTE_REGION", environ=environ))
-    if not region:
-        raise lc.ConfigError("--region is required (or set DATAFLOW_REGION)")
-    temp = lc.first_setting(args.temp_location, lc.env(
-        "DATAFLOW_TEMP_LOCATION", environ=environ))
-    if not temp:
-        raise lc.ConfigError(
-            "--temp_location is required (or set DATAFLOW_TEMP_LOCATION)")
-    temp = lc.require_gs(temp, "--temp_location")
-    staging = lc.require_gs(args.staging_location or temp + "/staging",
-                            "--staging_location")
-    output = lc.first_setting(args.output, lc.env("DATAFLOW_OUTPUT",
-                                                  environ=environ))
-    if not output:
-        raise lc.ConfigError("--output is required (or set DATAFLOW_OUTPUT)")
-    output = lc.require_gs(output, "--output")
-    job_name = args.job_name or default_job_name()
-    if not _JOB_NAME_RE.match(job_name):
-        raise lc.ConfigError(
-            f"--job_name {job_name!r} must be lowercase letters, digits and "
-            "hyphens, starting with a letter")
+def _required(value, names: Sequence[str], flag: str,
+              environ: Mapping[str, str] | None) -> str:
+    """The flag's ``value``, else the first of the environment variables
+    ``names`` that is set; ConfigError if neither is."""
+    found = lc.first_setting(value, lc.env(*names, environ=environ))
+    if not found:
+        raise lc.ConfigError(f"{flag} is required (or set {names[0]})")
+    return found
+
+
+def _check_job_flags(args: argparse.Namespace, pipeline_args: Sequence[str]) -> None:
+    """Refuses a shard size, worker counts and pipeline flags no Dataflow job could take."""
     if args.target_shard_mb is not None and args.target_shard_mb <= 0:
         raise lc.ConfigError("--target_shard_mb must be positive")
     for flag in ("num_workers", "max_num_workers"):
@@ -174,6 +156,28 @@ def resolve_config(args: argparse.Namespace, pipeline_args: Sequence[str],
         if arg.split("=", 1)[0] in ("--runner", "--setup_file"):
             raise lc.ConfigError(
                 f"{arg.split('=', 1)[0]} is set by this launcher; drop it")
+
+
+def resolve_config(args: argparse.Namespace, pipeline_args: Sequence[str],
+                   environ: Mapping[str, str] | None = None) -> DataflowConfig:
+    """Merge flags with environment variables and validate; ConfigError."""
+    project = _required(args.project, ("GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT"),
+                        "--project", environ)
+    region = _required(args.region, ("DATAFLOW_REGION", "CLOUDSDK_COMPUTE_REGION"),
+                       "--region", environ)
+    temp = _required(args.temp_location, ("DATAFLOW_TEMP_LOCATION",), "--temp_location",
+                     environ)
+    temp = lc.require_gs(temp, "--temp_location")
+    staging = lc.require_gs(args.staging_location or temp + "/staging",
+                            "--staging_location")
+    output = _required(args.output, ("DATAFLOW_OUTPUT",), "--output", environ)
+    output = lc.require_gs(output, "--output")
+    job_name = args.job_name or default_job_name()
+    if not _JOB_NAME_RE.match(job_name):
+        raise lc.ConfigError(
+            f"--job_name {job_name!r} must be lowercase letters, digits and "
+            "hyphens, starting with a letter")
+    _check_job_flags(args, pipeline_args)
     return DataflowConfig(
         project=project, region=region, temp_location=temp,
         staging_location=staging, output=output, job_name=job_name,

@@ -47,10 +47,18 @@ def write_idx_split(folder: Path, split: str, images: np.ndarray,
         else gzip.compress(idx.encode_idx(labels), mtime=0))
 
 
-def run_job(argv):
-    """Runs the conversion job in this process on ``argv``, parsed as the command line parses it."""
+def job_result(argv):
+    """Runs the conversion job in this process on ``argv``, parsed as the command line
+    parses it; returns its `pipeline.job.JobResult`."""
     from pipeline import job, options
     return job.run(options.parse(argv))
+
+
+def run_job(argv):
+    """`job_result`'s manifest of the dataset the job wrote; fails if it wrote none."""
+    result = job_result(argv)
+    assert result.manifest is not None, result.nothing_left
+    return result.manifest
 
 
 def free_port() -> int:

@@ -59,7 +59,7 @@ def test_versions_are_pinned():
 
 
 def test_both_roles_pin_the_same_gcs_client():
-    """The job's and the trainer's GCS lock is one backend (mnist_contract.lockfile)
+    """The job's and the trainer's GCS lock is one backend (mnist_common.storage_lock)
     on one google-cloud-storage range."""
     _, extras = _extras()
     ranges = {role: [str(Requirement(r).specifier) for r in extras[role]

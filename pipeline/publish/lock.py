@@ -1,26 +1,9 @@
-"""One writer per output: a lock object created exclusively, kept fresh by a heartbeat.
+"""One writer per output: ``OUTPUT/.lock``, held from before the run touches the
+output until it ends.
 
-Two runs writing one output would delete each other's temp folders and
-publish over each other. So before touching the output a run creates
-``OUTPUT/.lock`` with an exclusive create: ``O_CREAT|O_EXCL`` on a local
-disk, ``if_generation_match=0`` (create only if absent) on ``gs://``. The
-lock names the run (id, host, pid, start time) and carries a heartbeat that
-a background thread refreshes while the run lives: locally the file's mtime
-(touching it never replaces anyone's content), on GCS a rewrite guarded by
-``if_generation_match=<our generation>``, which fails instead of overwriting
-a lock someone else took.
-
-A second run refuses with one line naming the holder, unless the holder is
-provably dead: same host and its pid gone, or a heartbeat older than
-`STALE_SECONDS`. Such a lock is taken over with a warning; the takeover is
-itself conditional (GCS: delete at the stale generation; local: rename aside,
-then check it is still the stale file), so two runs racing for a dead lock
-cannot both win. The lock is released when the run ends, successfully or not.
-
-The mechanics are shared with the trainer's ``model_dir`` lock and live in
-`mnist_contract.lockfile` (holder info, liveness, both backends, the
-heartbeat, the claim); here the GCS backend gets Beam's client and retry
-policy.
+The lock, and what it guarantees on a local disk and on ``gs://``, is
+`mnist_common.storage_lock`'s; here the GCS backend gets Beam's client and
+retry policy, and losing the lock stops the publish.
 """
 
 from __future__ import annotations
@@ -28,13 +11,11 @@ from __future__ import annotations
 import time
 
 import mnist_contract as contract
-from mnist_contract.lockfile import (LOCK_FILE, STALE_SECONDS, GcsLockObject, HeldLock,
-                                     LocalLockFile, LockInfo, claim, split_gs_path)
+from mnist_common.storage_lock import (LOCK_FILE, STALE_SECONDS, GcsLockObject, HeldLock,
+                                       LocalLockFile, LockInfo, claim, split_gs_path)
 
 from pipeline import _compat, storage
 from pipeline.errors import PipelineInputError
-
-_Local = LocalLockFile
 
 
 def _gcs(path: str) -> GcsLockObject:
@@ -68,7 +49,7 @@ def acquire(output: str, run_id: str) -> OutputLock:
     the client's exception for the caller to report.
     """
     path = contract.join_path(output, LOCK_FILE)
-    backend = _gcs(path) if path.startswith("gs://") else _Local(path)
+    backend = _gcs(path) if path.startswith("gs://") else LocalLockFile(path)
     info = LockInfo.for_this_process(run_id)
     token, holder = claim(backend, info, output)
     if token is not None:

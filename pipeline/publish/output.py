@@ -4,7 +4,7 @@ While the job runs, everything it writes is under ``OUTPUT/.incomplete-RUNID/``
 and the run holds ``OUTPUT/.lock`` (`pipeline.publish.lock`). Readers look
 only at top-level files named by the contract; a dataset counts as present
 only when ``manifest.json`` exists and no publish journal does
-(`pipeline.publish.journal`). Both `prepare_output` and `finalize` take the
+(`pipeline.publish.journal`). Both `prepared_output` and `finalize` take the
 run's `pipeline.options.Options`.
 """
 
@@ -30,14 +30,6 @@ NO_DATASET = "no dataset was there before"
 INTACT = "the earlier dataset there is intact"
 
 
-class DatasetComplete(Exception):
-    """The output already holds the dataset the run's options describe: the run
-    completed an interrupted publish of those options, so nothing is left to do.
-
-    Not a failure: ``python -m pipeline`` prints the message and exits 0.
-    """
-
-
 @dataclasses.dataclass(frozen=True)
 class OutputLayout:
     output: str
@@ -46,6 +38,9 @@ class OutputLayout:
     # Splits of the earlier dataset that this run keeps (--splits named a subset).
     kept: Mapping[str, contract.SplitInfo] = dataclasses.field(default_factory=dict)
     earlier: str = NO_DATASET  # what a failure leaves of the earlier dataset
+    # The run whose interrupted publish this run completed, when that is the
+    # dataset this run's options describe: nothing is left to write.
+    completed_run: str = ""
 
     @property
     def shard_list_path(self) -> str:
@@ -80,14 +75,29 @@ def _storage_failures(error: Callable[[str], PipelineError],
         raise error(summary) from e
 
 
-def prepare_output(options, run_id: str) -> OutputLayout:
-    """Locks ``options.output``, completes an interrupted publish, checks what is there.
+@contextlib.contextmanager
+def prepared_output(options, run_id: str) -> Iterator[OutputLayout]:
+    """Holds ``options.output``'s lock for the block, the output ready for this run.
 
-    Refuses an existing dataset unless ``options.overwrite``, and a subset of
-    splits that would drop others unless they were written with the same
-    options (`_kept_splits`). Temp folders of runs that hold no lock are
-    removed, with a warning. On any failure the lock is released again.
+    Before the block: completes an interrupted publish, then refuses an
+    existing dataset unless ``options.overwrite``, and a subset of splits
+    that would drop others unless they were written with the same options
+    (`_kept_splits`); temp folders of runs that hold no lock are removed,
+    with a warning. The completed publish may already be the dataset the
+    options describe: the layout's ``completed_run`` says so, and no temp
+    folder is made. The lock is released when the block ends, however it
+    ends (or at once, if preparing fails).
     """
+    layout = _prepare(options, run_id)
+    try:
+        yield layout
+    finally:
+        layout.release()
+
+
+def _prepare(options, run_id: str) -> OutputLayout:
+    """Locks the output and prepares it (`prepared_output`); on any failure
+    the lock is released again."""
     output = options.output
     try:
         storage.make_dirs(output)
@@ -125,9 +135,8 @@ def _prepare_locked(options, run_id: str, held: lock.OutputLock) -> OutputLayout
     output, overwrite = options.output, options.overwrite
     completed = _roll_forward(output, overwrite)
     if completed and completed.options == dataset_options(options):
-        raise DatasetComplete(
-            f"{output}: completed the interrupted publish of run {completed.run_id}, "
-            "which is the dataset these options describe; nothing left to do")
+        return OutputLayout(output, contract.join_path(output, TEMP_PREFIX + run_id),
+                            lock=held, earlier=INTACT, completed_run=completed.run_id)
     with _storage_failures(lambda summary: PipelineInputError(
             f"{output}: output is not readable ({summary})")):
         names = set(storage.list_top(output))

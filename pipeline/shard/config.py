@@ -9,6 +9,7 @@ TensorFlow: the command line checks flags with it before either loads.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import mnist_contract as contract
 
@@ -38,6 +39,13 @@ class ShardConfig:
     key_bytes: int = KEY_BYTES
     length_bytes: int = 4  # a spill file's footer: each record's length, u32
     merge_memory_bytes: int = 8 << 20  # bytes a shard merge reads at a time
+
+    def shard_count(self, total_bytes: float, target_shard_bytes: float,
+                    min_shards: int) -> int:
+        """``max(min_shards, ceil(total / target))``: the shard count a split of
+        ``total_bytes`` gets, from the plan, the bucket sizing and the check of
+        the flags alike (`pipeline.shard.sharding`), so all three agree."""
+        return max(min_shards, math.ceil(total_bytes / target_shard_bytes), 1)
 
     def record_bytes(self, image_format: str) -> int:
         """A typical framed record of ``image_format`` in a shard."""

@@ -17,6 +17,17 @@ from typing import Callable, Iterable, Iterator, TypeVar
 T = TypeVar("T")
 
 
+def _put_until(ready: queue.Queue, entry, stop: threading.Event) -> bool:
+    """Puts ``entry`` in ``ready`` once there is room; False if ``stop`` is set first."""
+    while not stop.is_set():
+        try:
+            ready.put(entry, timeout=0.1)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
 def prefetched(items: Iterable[T], depth: int = 2) -> Iterator[T]:
     """Yields ``items``, produced up to ``depth`` ahead on a background thread.
 
@@ -26,24 +37,15 @@ def prefetched(items: Iterable[T], depth: int = 2) -> Iterator[T]:
     ready: queue.Queue = queue.Queue(maxsize=depth)
     stop = threading.Event()
 
-    def put(entry) -> bool:
-        while not stop.is_set():
-            try:
-                ready.put(entry, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
     def produce() -> None:
         source = iter(items)
         try:
             for item in source:
-                if not put((True, item)):
+                if not _put_until(ready, (True, item), stop):
                     return
-            put((False, None))
+            _put_until(ready, (False, None), stop)
         except BaseException as e:  # handed to the consumer
-            put((False, e))
+            _put_until(ready, (False, e), stop)
         finally:
             close = getattr(source, "close", None)
             if close is not None:

@@ -11,10 +11,11 @@ import uuid
 
 import pytest
 
+from mnist_common import storage_lock
 from pipeline import options
 from pipeline.publish import lock
 from pipeline.errors import PipelineInputError
-from pipeline.publish.output import prepare_output
+from pipeline.publish.output import prepared_output
 from pipeline.verify import verify
 from tests.helpers import EMULATOR_BUCKET, REPO, run_job
 
@@ -112,8 +113,7 @@ def test_heartbeat_refreshes_and_never_overwrites_a_taken_lock(output, monkeypat
 
 
 def test_heartbeat_thread_keeps_the_lock_fresh(tmp_path, monkeypatch):
-    from mnist_contract import lockfile
-    monkeypatch.setattr(lockfile, "HEARTBEAT_SECONDS", 0.05)
+    monkeypatch.setattr(storage_lock, "HEARTBEAT_SECONDS", 0.05)
     held = lock.acquire(str(tmp_path), "mine")
     path = tmp_path / lock.LOCK_FILE
     os.utime(path, (1, 1))
@@ -133,13 +133,14 @@ def test_stale_temp_folders_removed_only_under_the_lock(tmp_path, caplog):
     (out / ".incomplete-full" / "spill" / "x").write_bytes(b"1")
     live = lock.acquire(str(out), "live")
     with pytest.raises(PipelineInputError, match="locked by run live"):
-        prepare_output(options.parse([f"--output={out}"]), "next")
+        with prepared_output(options.parse([f"--output={out}"]), "next"):
+            pass
     assert sorted(p.name for p in out.iterdir()) == [
         ".incomplete-empty", ".incomplete-full", ".lock"]
     live.release()
     with caplog.at_level(logging.WARNING):
-        layout = prepare_output(options.parse([f"--output={out}"]), "next")
-    layout.release()
+        with prepared_output(options.parse([f"--output={out}"]), "next"):
+            pass
     assert sorted(p.name for p in out.iterdir()) == [".incomplete-next"]
     assert caplog.text.count("left by an earlier run") == 2
 

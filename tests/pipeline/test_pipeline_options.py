@@ -9,7 +9,9 @@ from apache_beam.options.pipeline_options import DirectOptions, GoogleCloudOptio
 
 from pipeline import credentials, job, options
 from pipeline.__main__ import main
+from pipeline.errors import PipelineInputError
 from pipeline.options import ConvertOptions, shuffle_mode, unknown_flags
+from pipeline.shard import sharding
 from tests.helpers import run_job
 
 
@@ -68,33 +70,33 @@ SAMPLE = {"train": 4_000, "test": 1_000}
 ])
 def test_sharding_that_cannot_be_met_or_is_extreme_is_refused(argv, problem):
     args = run_options(*argv)
-    with pytest.raises(options.FlagError) as caught:
-        options.check_sharding(args, {s: SAMPLE[s] for s in args.splits})
+    with pytest.raises(PipelineInputError) as caught:
+        sharding.check_sharding(args, {s: SAMPLE[s] for s in args.splits})
     assert problem in str(caught.value)
 
 
 def test_many_shards_refused_unless_allowed():
     args = run_options("--target_shard_mb=2")
     big = {"train": 30_000_000}  # 25.7 GB -> 12,840 shards of 2 MB
-    with pytest.raises(options.FlagError, match=r"train: 12,840 shards \(over 10,000\)"):
-        options.check_sharding(args, big)
-    options.check_sharding(run_options("--target_shard_mb=2", "--allow_extreme_sharding"), big)
-    options.check_sharding(run_options("--target_shard_mb=0.001", "--allow_extreme_sharding"),
-                         SAMPLE)
+    with pytest.raises(PipelineInputError, match=r"train: 12,840 shards \(over 10,000\)"):
+        sharding.check_sharding(args, big)
+    sharding.check_sharding(run_options("--target_shard_mb=2", "--allow_extreme_sharding"), big)
+    sharding.check_sharding(run_options("--target_shard_mb=0.001", "--allow_extreme_sharding"),
+                          SAMPLE)
 
 
 def test_ordinary_sharding_passes():
     """Accepted, with the shard counts the size estimate gives (856 bytes a raw record)."""
     # The 1,000-digit test split: 1 shard under 1 MB, which is not "tiny sharding".
-    assert options.check_sharding(run_options(), SAMPLE) == {"train": 1, "test": 1}
-    assert options.check_sharding(run_options(), {"train": 60_000, "test": 10_000}) == {
+    assert sharding.check_sharding(run_options(), SAMPLE) == {"train": 1, "test": 1}
+    assert sharding.check_sharding(run_options(), {"train": 60_000, "test": 10_000}) == {
         "train": 1, "test": 1}
-    assert options.check_sharding(run_options("--min_shards=8"),
-                                  {"train": 60_000, "test": 10_000}) == {"train": 8, "test": 8}
-    assert options.check_sharding(run_options("--target_shard_mb=1"),
-                                  {"train": 60_000}) == {"train": 52}  # 51.36 MB
-    assert options.check_sharding(run_options("--image_format=png", "--target_shard_mb=1"),
-                                  {"train": 60_000}) == {"train": 21}  # 20.76 MB
+    assert sharding.check_sharding(run_options("--min_shards=8"),
+                                   {"train": 60_000, "test": 10_000}) == {"train": 8, "test": 8}
+    assert sharding.check_sharding(run_options("--target_shard_mb=1"),
+                                   {"train": 60_000}) == {"train": 52}  # 51.36 MB
+    assert sharding.check_sharding(run_options("--image_format=png", "--target_shard_mb=1"),
+                                   {"train": 60_000}) == {"train": 21}  # 20.76 MB
 
 
 def test_one_definition_for_argparse_and_beam():

@@ -19,7 +19,7 @@ import mnist_contract as contract
 from pipeline import faults, options, storage
 from pipeline.publish import journal
 from pipeline.errors import PipelineInputError, StorageError
-from pipeline.publish.output import prepare_output
+from pipeline.publish.output import prepared_output
 from pipeline.verify import VerificationError, verify
 from tests.helpers import EMULATOR_BUCKET, REPO, write_idx_split, run_job
 
@@ -151,8 +151,9 @@ def test_failure_at_every_publish_step_rolls_forward(tmp_path, datasets, monkeyp
         seen[point] = readers_see(output, datasets)
         # What the next run does before its own work: complete the publish (if a
         # journal exists) and remove lock-less temp folders.
-        layout = prepare_output(options.parse([f"--output={output}", "--overwrite"]), "next")
-        layout.release()
+        with prepared_output(options.parse([f"--output={output}", "--overwrite"]),
+                             "next") as layout:
+            pass
         storage.delete_tree(layout.temp_dir)
         assert readers_see(output, datasets) == ("old" if seen[point] == "old" else "new")
         assert not any(n.startswith(".incomplete-") or n == ".lock"

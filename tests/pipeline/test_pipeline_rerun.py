@@ -10,9 +10,8 @@ import pytest
 from pipeline import faults
 from pipeline.errors import PipelineInputError, StorageError
 from pipeline.publish import journal
-from pipeline.publish.output import DatasetComplete
 from pipeline.verify import verify
-from tests.helpers import REPO, run_job
+from tests.helpers import REPO, job_result, run_job
 
 POINT = "moved:mnist-train.tfrecord-00001-of-00003"
 FLAGS = ["--runner=DirectRunner", "--min_shards=3", "--allow_extreme_sharding"]
@@ -38,9 +37,9 @@ def interrupt(monkeypatch, args):
 def test_same_dataset_rerun_is_done(tmp_path, idx_dir, monkeypatch, rerun):
     args = [f"--source={idx_dir}", f"--output={tmp_path / 'out'}", *FLAGS]
     run = interrupt(monkeypatch, args)
-    with pytest.raises(DatasetComplete) as done:
-        run_job(args + rerun)
-    assert str(done.value) == f"{tmp_path / 'out'}: " + DONE.format(run=run)
+    done = job_result(args + rerun)
+    assert done.manifest is None
+    assert done.nothing_left == f"{tmp_path / 'out'}: " + DONE.format(run=run)
     manifest = verify(str(tmp_path / "out"))
     assert manifest == run_job(args[:1] + [f"--output={tmp_path / 'clean'}", *FLAGS])
 

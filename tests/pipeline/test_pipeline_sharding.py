@@ -7,6 +7,9 @@ from pipeline.shard.config import SHARDS
 
 
 def test_num_shards_formula():
+    assert SHARDS.shard_count(1000, 100, 1) == 10
+    assert SHARDS.shard_count(1001, 100, 1) == 11
+    assert SHARDS.shard_count(50, 100, 4) == 4
     assert sharding.num_shards_for(1000, 100, 1, 10_000) == 10
     assert sharding.num_shards_for(1001, 100, 1, 10_000) == 11
     assert sharding.num_shards_for(50, 100, 4, 10_000) == 4

@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
+from mnist_common import storage_lock
 from pipeline import storage
-from pipeline.publish import lock
 from pipeline.__main__ import main
 from pipeline.verify import verify
 from tests.helpers import REPO, mount, run_job
@@ -107,7 +107,7 @@ def test_read_only_output_with_a_stale_temp_folder(read_only_output, idx_dir, ca
 def test_storage_failure_taking_the_lock(tmp_path, idx_dir, monkeypatch, capsys, code, text):
     def refuse(self, data):
         raise OSError(code, os.strerror(code), self.path)
-    monkeypatch.setattr(lock._Local, "create", refuse)
+    monkeypatch.setattr(storage_lock.LocalLockFile, "create", refuse)
     assert main([f"--source={idx_dir}", f"--output={tmp_path / 'out'}"]) == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert line == (f"error: {tmp_path / 'out'}: output is not writable (OSError: "

@@ -19,7 +19,7 @@ import uuid
 import pytest
 
 import mnist_contract as contract
-from mnist_contract import lockfile
+from mnist_common import storage_lock
 from tests.helpers import EMULATOR_BUCKET, REPO, RefusingGcsServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -212,15 +212,15 @@ def test_a_gs_model_dir_in_use_is_refused(gcs_tls, dataset, root):
     """The model_dir lock on gs://: a live holder's lock (this test process)
     makes a second run refuse with one line naming it, writing nothing."""
     model_dir = f"{root}/locked-model"
-    holder = lockfile.LockInfo.for_this_process("other-run")
-    _bucket(gcs_tls).blob(f"{model_dir}/{lockfile.LOCK_FILE}").upload_from_string(
+    holder = storage_lock.LockInfo.for_this_process("other-run")
+    _bucket(gcs_tls).blob(f"{model_dir}/{storage_lock.LOCK_FILE}").upload_from_string(
         holder.to_bytes(), timeout=10)
     proc = _run(gcs_tls, "-m", "trainer", f"--data=gs://{EMULATOR_BUCKET}/{dataset}",
                 f"--model_dir=gs://{EMULATOR_BUCKET}/{model_dir}", *TRAIN_FLAGS, "--epochs=1")
     errors = _error_lines(proc)
     assert proc.returncode == 1 and len(errors) == 1, proc.stderr[-3000:]
     assert f"gs://{EMULATOR_BUCKET}/{model_dir}" in errors[0] and "other-run" in errors[0]
-    assert _names(gcs_tls, model_dir) <= {lockfile.LOCK_FILE}
+    assert _names(gcs_tls, model_dir) <= {storage_lock.LOCK_FILE}
 
 
 def test_the_lock_is_not_written_through_tensorflows_client(gcs_tls, trained):
@@ -231,7 +231,7 @@ def test_the_lock_is_not_written_through_tensorflows_client(gcs_tls, trained):
     folder = _quoted(f"{model_dir}/")
     urls = [e.url for e in gcs_tls.proxy.exchanges if folder in e.url]
     assert urls  # the run's other files did pass it
-    assert not [u for u in urls if lockfile.LOCK_FILE in u], urls
+    assert not [u for u in urls if storage_lock.LOCK_FILE in u], urls
 
 
 def test_a_refused_gs_lock_is_one_line(gcs_tls, dataset, root):
@@ -247,7 +247,7 @@ def test_a_refused_gs_lock_is_one_line(gcs_tls, dataset, root):
                            extra_env={"STORAGE_EMULATOR_HOST": refusing.host})
     errors = _error_lines(proc)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert errors == [f"error: {model_dir}/{lockfile.LOCK_FILE}: cannot take the lock of "
+    assert errors == [f"error: {model_dir}/{storage_lock.LOCK_FILE}: cannot take the lock of "
                       f"--model_dir (403 Forbidden: {message})"], proc.stderr[-3000:]
 
 

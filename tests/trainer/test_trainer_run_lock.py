@@ -17,7 +17,7 @@ import uuid
 import pytest
 import tensorflow as tf
 
-from mnist_contract import lockfile
+from mnist_common import storage_lock
 from tests import trainer_data
 from tests.helpers import EMULATOR_BUCKET, RefusingGcsServer, free_port
 from tests.trainer.trainer_runs import errors, start
@@ -48,13 +48,13 @@ def gcs_bucket():
 
 
 def gcs_name(model_dir: str) -> str:
-    return f"{model_dir[len(f'gs://{EMULATOR_BUCKET}/'):]}/{lockfile.LOCK_FILE}"
+    return f"{model_dir[len(f'gs://{EMULATOR_BUCKET}/'):]}/{storage_lock.LOCK_FILE}"
 
 
 def write_lock(model_dir: str, **fields) -> None:
     info = {"run_id": "old", "host": socket.gethostname(), "pid": os.getpid(),
             "started": time.time(), "heartbeat": time.time(), **fields}
-    path = f"{model_dir}/{lockfile.LOCK_FILE}"
+    path = f"{model_dir}/{storage_lock.LOCK_FILE}"
     if path.startswith("gs://"):  # written over whatever is there, as another run would
         gcs_bucket().blob(gcs_name(model_dir)).upload_from_string(
             json.dumps(info).encode(), timeout=10)
@@ -82,7 +82,7 @@ def test_second_acquire_is_refused_naming_the_holder(model_dir):
 
 @pytest.mark.parametrize("holder", [
     dict(pid=999_999_999),  # this host, pid gone
-    dict(host="elsewhere", heartbeat=time.time() - lockfile.STALE_SECONDS - 60),
+    dict(host="elsewhere", heartbeat=time.time() - storage_lock.STALE_SECONDS - 60),
 ])
 def test_dead_holder_is_taken_over(model_dir, caplog, holder):
     write_lock(model_dir, **holder)
@@ -194,7 +194,7 @@ def test_gs_lock_failures_are_one_line_in_bounded_time(gcs_emulator, monkeypatch
             run_lock.acquire(model_dir)
         took = time.monotonic() - began
     message = str(e.value)
-    assert message.startswith(f"{model_dir}/{lockfile.LOCK_FILE}: cannot take the lock of "
+    assert message.startswith(f"{model_dir}/{storage_lock.LOCK_FILE}: cannot take the lock of "
                               f"--model_dir ({reason.format(missing=missing)}"), message
     assert "\n" not in message
     assert took < 15, took
@@ -211,7 +211,7 @@ def test_two_trainers_on_one_model_dir(tmp_path):
     flags = ("--loop=custom", "--epochs=40", "--checkpoint_every=1")
     first = start(data, model_dir, *flags)
     try:
-        while not os.path.exists(f"{model_dir}/{lockfile.LOCK_FILE}"):
+        while not os.path.exists(f"{model_dir}/{storage_lock.LOCK_FILE}"):
             assert first.poll() is None, first.communicate()
             time.sleep(0.01)
         second = start(data, model_dir, *flags)
@@ -225,7 +225,7 @@ def test_two_trainers_on_one_model_dir(tmp_path):
         assert first.returncode == 0, err[-3000:]
     finally:
         first.kill()
-    assert not os.path.exists(f"{model_dir}/{lockfile.LOCK_FILE}")  # released
+    assert not os.path.exists(f"{model_dir}/{storage_lock.LOCK_FILE}")  # released
     with open(f"{model_dir}/metrics.json") as f:
         assert json.load(f)["train_steps"] == 40 * 8
 

@@ -1,39 +1,13 @@
 """One run per ``model_dir``: ``MODEL_DIR/.lock``, held by the chief for the whole run.
 
-Two trainers writing one ``model_dir`` would restore each other's
-half-trained checkpoints, save under the same names and leave the disk
-holding a mix of both. So the chief takes ``MODEL_DIR/.lock`` before it
-restores anything, with the mechanics of `mnist_contract.lockfile` (the
-conversion job locks its output the same way): the lock names the run (id,
-host, pid, start time), a background heartbeat keeps it fresh, and a second
-run refuses with one line naming the holder, unless the holder is provably
-dead (same host and its pid gone, or a heartbeat older than
-``STALE_SECONDS``), whose lock it takes over with a warning. Before it
-commits an export the run checks it still holds the lock.
-
-Guarantees per filesystem (runs racing for a free or a dead holder's lock):
-
-* local paths: exclusive create (``O_CREAT|O_EXCL``), so of two runs
-  starting together exactly one wins; takeover is conditional (rename
-  aside, check it is still the stale file).
-* ``gs://``: the lock is a GCS object whose generation guards every write
-  (`mnist_contract.lockfile.GcsLockObject`, through google-cloud-storage):
-  created only if absent, refreshed only at the generation this run wrote,
-  taken over by a delete at the generation judged stale. GCS decides each
-  race, so exactly one run wins, and a run whose lock was taken over can
-  no longer refresh it and does not commit. Each request waits
-  `GCS_TIMEOUT_SECONDS` for the server and a failing one is retried for
-  `GCS_RETRY_SECONDS`, so an unreachable server ends the start with one line
-  in under a minute.
-* other ``tf.io.gfile`` filesystems (``ram://``, plugins): gfile offers no
-  create-if-absent, so `GfileLockFile` writes the lock under a unique
-  temporary name, renames it into place without overwrite and reads it
-  back: the run whose id it reads holds the lock. Where the rename's
-  existence check and its write are separate steps, two runs starting in
-  that window can both pass it; the read-back then names one of them and
-  the other refuses, unless both read back before either write lands. The
-  heartbeat rewrites the lock only after reading back its own id.
-  (``ram://`` lives in one process's memory, so only its threads share it.)
+The lock, and what it guarantees on each filesystem, is
+`mnist_common.storage_lock`'s. Specific to the trainer: the chief takes the
+lock before it restores anything and checks it still holds it before it
+commits an export; ``gs://`` goes through google-cloud-storage's own client
+(`gcs_backend`: each request waits `GCS_TIMEOUT_SECONDS` for the server and
+a failing one is retried for `GCS_RETRY_SECONDS`, so an unreachable server
+ends the start with one line in under a minute); other ``tf.io.gfile``
+schemes go through `GfileLockFile`.
 """
 
 from __future__ import annotations
@@ -47,8 +21,8 @@ from http import HTTPStatus
 import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 
+from mnist_common import storage_lock
 from mnist_contract import join_path
-from mnist_contract import lockfile
 from trainer.errors import TrainerError, os_reason, summarize_error
 
 # Per request to GCS: (connect, read) seconds. Requests that fail in a way
@@ -59,7 +33,9 @@ GCS_RETRY_SECONDS = 30.0
 
 
 class GfileLockFile:
-    """The lock through ``tf.io.gfile``. A token is the lock's bytes as written."""
+    """The lock through ``tf.io.gfile``, for the schemes with no create-if-absent
+    (its guarantee: `mnist_common.storage_lock`). A token is the lock's bytes as
+    written."""
 
     def __init__(self, path: str):
         self.path = path
@@ -113,7 +89,7 @@ class GfileLockFile:
         return True
 
 
-class RunLock(lockfile.HeldLock):
+class RunLock(storage_lock.HeldLock):
     """The held ``model_dir`` lock; `release` it when the run ends."""
 
     def check_held(self, model_dir: str) -> None:
@@ -128,7 +104,7 @@ class RunLock(lockfile.HeldLock):
                                "stopped without exporting")
 
 
-def gcs_backend(path: str) -> lockfile.GcsLockObject:
+def gcs_backend(path: str) -> storage_lock.GcsLockObject:
     """The ``gs://`` lock through google-cloud-storage's own client.
 
     The client finds credentials as Google's libraries do
@@ -145,7 +121,7 @@ def gcs_backend(path: str) -> lockfile.GcsLockObject:
     except ImportError as e:
         raise _cannot_lock(path, f"google-cloud-storage does not import: {e}; "
                                  "install the trainer extra") from None
-    bucket, name = lockfile.split_gs_path(path)
+    bucket, name = storage_lock.split_gs_path(path)
     try:
         client = storage.Client(project=None)
     except DefaultCredentialsError as e:
@@ -153,16 +129,16 @@ def gcs_backend(path: str) -> lockfile.GcsLockObject:
                                  "`gcloud auth application-default login` or set "
                                  "GOOGLE_APPLICATION_CREDENTIALS (a Cloud TPU VM uses "
                                  "its service account)") from None
-    return lockfile.GcsLockObject(client.bucket(bucket), name,
-                                  retry=DEFAULT_RETRY.with_timeout(GCS_RETRY_SECONDS),
-                                  timeout=GCS_TIMEOUT_SECONDS)
+    return storage_lock.GcsLockObject(client.bucket(bucket), name,
+                                      retry=DEFAULT_RETRY.with_timeout(GCS_RETRY_SECONDS),
+                                      timeout=GCS_TIMEOUT_SECONDS)
 
 
 def backend(path: str):
     """The local-disk backend for plain paths, GCS's for gs://, gfile's for other schemes."""
     if path.startswith("gs://"):
         return gcs_backend(path)
-    return GfileLockFile(path) if "://" in path else lockfile.LocalLockFile(path)
+    return GfileLockFile(path) if "://" in path else storage_lock.LocalLockFile(path)
 
 
 def _storage_errors() -> tuple:
@@ -220,18 +196,18 @@ def _cannot_lock(path: str, reason: str) -> TrainerError:
 
 def acquire(model_dir: str) -> RunLock:
     """Takes ``model_dir``'s lock or raises `TrainerError` naming its holder."""
-    path = join_path(model_dir, lockfile.LOCK_FILE)
-    info = lockfile.LockInfo.for_this_process(uuid.uuid4().hex[:12])
+    path = join_path(model_dir, storage_lock.LOCK_FILE)
+    info = storage_lock.LockInfo.for_this_process(uuid.uuid4().hex[:12])
     try:
         store = backend(path)
-        token, holder = lockfile.claim(store, info, model_dir)
+        token, holder = storage_lock.claim(store, info, model_dir)
     except _storage_errors() as e:
         raise _cannot_lock(path, storage_reason(e)) from None
     if holder is not None:
         raise TrainerError(
             f"{model_dir}: in use by {holder.describe(time.time())}; one run per "
             "--model_dir: wait for it to end or use another --model_dir (a dead "
-            f"holder's lock is taken over after {lockfile.STALE_SECONDS:.0f}s "
+            f"holder's lock is taken over after {storage_lock.STALE_SECONDS:.0f}s "
             "without heartbeat)")
     if token is None:
         raise TrainerError(f"{path}: other runs keep taking this lock; try again")

@@ -1,5 +1,6 @@
-"""The shared GCS lock backend (`mnist_contract.lockfile.GcsLockObject`) against a
-real local GCS API server that enforces ``ifGenerationMatch`` as GCS does."""
+"""The shared GCS lock backend (`mnist_common.storage_lock.GcsLockObject`) against a
+real local GCS API server that enforces ``ifGenerationMatch`` as GCS does; and the
+neutral packages load no google library until a GCS lock is used."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import uuid
 
 import pytest
 
-from mnist_contract import lockfile
+from mnist_common import storage_lock
 from tests.helpers import EMULATOR_BUCKET, REPO
 
 RACERS = 8
@@ -18,13 +19,13 @@ RACERS = 8
 
 @pytest.fixture
 def name(gcs_emulator) -> str:
-    return f"locks/{uuid.uuid4().hex[:8]}/{lockfile.LOCK_FILE}"
+    return f"locks/{uuid.uuid4().hex[:8]}/{storage_lock.LOCK_FILE}"
 
 
-def lock_object(emulator, name: str) -> lockfile.GcsLockObject:
+def lock_object(emulator, name: str) -> storage_lock.GcsLockObject:
     """A backend with a client of its own, as another run would have."""
-    return lockfile.GcsLockObject(emulator.client().bucket(EMULATOR_BUCKET), name,
-                                  timeout=10)
+    return storage_lock.GcsLockObject(emulator.client().bucket(EMULATOR_BUCKET), name,
+                                      timeout=10)
 
 
 def test_create_is_exclusive(gcs_emulator, name):
@@ -64,9 +65,9 @@ def test_racing_claims_have_exactly_one_winner(gcs_emulator, name):
 
     def race(run_id: str) -> None:
         store = lock_object(gcs_emulator, name)
-        info = lockfile.LockInfo.for_this_process(run_id)
+        info = storage_lock.LockInfo.for_this_process(run_id)
         start.wait()
-        results[run_id] = lockfile.claim(store, info, "the race")
+        results[run_id] = storage_lock.claim(store, info, "the race")
 
     threads = [threading.Thread(target=race, args=(f"run{i}",)) for i in range(RACERS)]
     for thread in threads:
@@ -79,14 +80,28 @@ def test_racing_claims_have_exactly_one_winner(gcs_emulator, name):
     holders = {holder.run_id for token, holder in results.values() if token is None}
     assert holders == set(winners)
     data, generation, _ = lock_object(gcs_emulator, name).read()
-    assert lockfile.LockInfo.from_bytes(data, 0.0).run_id == winners[0]
+    assert storage_lock.LockInfo.from_bytes(data, 0.0).run_id == winners[0]
     assert generation == results[winners[0]][0]
 
 
-def test_the_contract_imports_no_google_library():
-    # Namespace packages (no __file__) do not count: an installed package's
-    # *-nspkg.pth makes `google` and `google.cloud` at interpreter start.
-    code = ("import sys, mnist_contract.lockfile; "
+LOCAL_LOCK_TAKEN_AND_RELEASED = """
+import tempfile
+from mnist_common import storage_lock
+folder = tempfile.mkdtemp()
+store = storage_lock.LocalLockFile(f"{folder}/{storage_lock.LOCK_FILE}")
+info = storage_lock.LockInfo.for_this_process("run")
+token, _ = storage_lock.claim(store, info, folder)
+storage_lock.HeldLock(store.path, store, info, token).release()
+"""
+
+
+@pytest.mark.parametrize("use", ["import mnist_contract", LOCAL_LOCK_TAKEN_AND_RELEASED],
+                         ids=["mnist_contract", "mnist_common.storage_lock"])
+def test_the_neutral_packages_import_no_google_library(use):
+    """Only a GCS lock may load google-api-core. Namespace packages (no __file__)
+    do not count: an installed package's *-nspkg.pth makes `google` and
+    `google.cloud` at interpreter start."""
+    code = (f"import sys\n{use}\n"
             "sys.exit(sorted(m for m, mod in sys.modules.items() if m.split('.')[0] == "
             "'google' and getattr(mod, '__file__', None)) or 0)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,

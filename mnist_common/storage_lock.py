@@ -1,21 +1,59 @@
 """One writer per folder: a lock file created exclusively, kept fresh by a heartbeat.
 
-The conversion job locks its output (`pipeline.publish.lock`) and the
-trainer its ``model_dir`` (`trainer.run_lock`) the same way, so the shared
-parts live here:
+Two writers in one folder undo each other's work: two conversion jobs would
+delete each other's temp folders and publish over each other, two trainers
+would restore each other's half-trained checkpoints and save under the same
+names. So the job locks its output (`pipeline.publish.lock`) and the
+trainer its ``model_dir`` (`trainer.run_lock`) with ``FOLDER/.lock``,
+created only if absent. The lock names its run (id, host, pid, start time)
+and carries a heartbeat that a background thread refreshes every
+`HEARTBEAT_SECONDS` while the run lives. A second run refuses with one line
+naming the holder, unless the holder is provably dead: same host and its
+pid gone, or a heartbeat older than `STALE_SECONDS`. Such a lock is taken
+over with a warning, and the takeover is itself conditional, so two runs
+racing for a dead holder's lock cannot both win. A run checks that it still
+holds the lock before it publishes what it wrote, and releases the lock
+when it ends, successfully or not.
 
-* `LockInfo`: what a lock says of its holder (run id, host, pid, start
-  time, heartbeat) and the one line that names it;
-* `dead_reason`: when a holder is provably dead (same host and its pid
-  gone, or a heartbeat older than `STALE_SECONDS`);
-* `LocalLockFile`: the backend for a local disk (``O_CREAT|O_EXCL``; the
-  heartbeat is the file's mtime; a takeover renames the stale file aside
-  and checks it is still the one judged);
-* `GcsLockObject`: the backend for ``gs://`` (every write conditional on
-  the object's generation), given a google-cloud-storage bucket: the job
-  reaches GCS through Beam's client, the trainer through its own, and this
-  module imports google-api-core only when a GCS lock is used, so it stays
-  importable with the standard library alone;
+The guarantee per filesystem, for runs racing for a free or a dead
+holder's lock:
+
+=============  ============================================================
+filesystem     backend and guarantee
+=============  ============================================================
+local disk     `LocalLockFile`. Created with ``O_CREAT|O_EXCL``; the
+               heartbeat is the file's mtime (a touch never replaces
+               anyone's content); a takeover renames the stale file aside
+               and checks it is still the one judged. Of two runs starting
+               together exactly one wins.
+``gs://``      `GcsLockObject`. Every write is conditional on the object's
+               generation: created only if absent (``if_generation_match=0``),
+               refreshed only at the generation this run wrote, taken over
+               by a delete at the generation judged stale. GCS decides each
+               race (HTTP 412 to the loser), so exactly one run wins, and a
+               run whose lock was taken over can no longer refresh it.
+other gfile    ``trainer.run_lock.GfileLockFile`` (``tf.io.gfile`` is
+schemes        TensorFlow's, which this package does not load). gfile has
+(``ram://``,   no create-if-absent: the lock is written under a unique
+plugins)       temporary name, renamed into place without overwrite and
+               read back, and the run whose id it reads holds it; the
+               heartbeat rewrites it only after reading back its own id.
+               Where the rename's existence check and its write are
+               separate steps, two runs starting in that window can both
+               pass it; the read-back then names one and the other refuses,
+               unless both read back before either write lands. (``ram://``
+               lives in one process's memory: only its threads share it.)
+=============  ============================================================
+
+The parts:
+
+* `LockInfo`: what a lock says of its holder and the one line that names it;
+* `dead_reason`: when a holder is provably dead;
+* `LocalLockFile`, `GcsLockObject`: the backends above. `GcsLockObject` is
+  given a google-cloud-storage bucket (the job reaches GCS through Beam's
+  client, the trainer through its own) and imports google-api-core only
+  when a GCS lock is used, so this module imports with the standard
+  library alone;
 * `HeldLock`: a held lock with its heartbeat thread;
 * `claim`: create the lock, or take over a dead holder's.
 
@@ -151,13 +189,8 @@ def split_gs_path(path: str) -> tuple[str, str]:
 
 
 class GcsLockObject:
-    """The lock as a GCS object. A token is its generation.
-
-    GCS itself decides every race: the create is conditional on no object
-    existing (``if_generation_match=0``), a heartbeat rewrites only the
-    generation this run wrote and a takeover deletes only the generation
-    judged stale, so of two runs exactly one succeeds and the other is told
-    (HTTP 412). The heartbeat is the one the content carries (``read``
+    """The lock as a GCS object. A token is its generation (the guarantee:
+    the module's table). The heartbeat is the one the content carries (``read``
     reports 0.0: an object's update time is the server's clock, not the
     holder's). ``bucket`` is a ``google.cloud.storage.Bucket``; ``retry``
     (a ``google.api_core.retry.Retry``) and ``timeout`` (seconds, or a
