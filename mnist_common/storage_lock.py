@@ -4,7 +4,7 @@ Two writers in one folder undo each other's work: two conversion jobs would
 delete each other's temp folders and publish over each other, two trainers
 would restore each other's half-trained checkpoints and save under the same
 names. So the job locks its output (`pipeline.publish.lock`) and the
-trainer its ``model_dir`` (`trainer.run_lock`) with ``FOLDER/.lock``,
+trainer its ``model_dir`` (`trainer.run.lock`) with ``FOLDER/.lock``,
 created only if absent. The lock names its run (id, host, pid, start time)
 and carries a heartbeat that a background thread refreshes every
 `HEARTBEAT_SECONDS` while the run lives. A second run refuses with one line
@@ -32,7 +32,7 @@ local disk     `LocalLockFile`. Created with ``O_CREAT|O_EXCL``; the
                by a delete at the generation judged stale. GCS decides each
                race (HTTP 412 to the loser), so exactly one run wins, and a
                run whose lock was taken over can no longer refresh it.
-other gfile    ``trainer.run_lock.GfileLockFile`` (``tf.io.gfile`` is
+other gfile    ``trainer.run.lock.GfileLockFile`` (``tf.io.gfile`` is
 schemes        TensorFlow's, which this package does not load). gfile has
 (``ram://``,   no create-if-absent: the lock is written under a unique
 plugins)       temporary name, renamed into place without overwrite and
