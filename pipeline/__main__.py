@@ -2,14 +2,17 @@
 
 The command line is parsed once (`pipeline.options.parse`): the job's own
 flags are checked before Beam or TensorFlow is imported, so ``--help`` and
-bad values answer at once; the job then runs with the parsed options.
+bad values answer at once; the job then runs with the parsed options. A
+failure is one line ``error: ...`` and the exit status of the table in
+README.md (`mnist_common.console`, each `PipelineError`'s ``exit_status``).
 """
 
 import logging
 import re
 import sys
 
-from pipeline import console, options
+from mnist_common import console
+from pipeline import options
 from pipeline.errors import (Interrupted, PipelineError, PipelineInputError,
                              failure_summary, is_interrupt)
 
@@ -41,10 +44,10 @@ def _configure_logging() -> None:
 
 
 def _print_error(error: Exception) -> int:
-    """One line ``error: ...`` (without Beam's step name), exit status 2
-    (130 after Ctrl-C)."""
+    """One line ``error: ...`` (without Beam's step name); the exit status,
+    a bad flag's or the `PipelineError`'s own."""
     options.print_error(re.sub(r" \[while running '[^']*'\]$", "", str(error)))
-    return Interrupted.EXIT_STATUS if isinstance(error, Interrupted) else 2
+    return error.exit_status if isinstance(error, PipelineError) else console.BAD_INPUT
 
 
 def main(argv=None) -> int:
@@ -52,7 +55,7 @@ def main(argv=None) -> int:
     _configure_logging()
     try:
         run_options = options.parse(argv)
-    except (options.FlagError, PipelineInputError) as e:
+    except (options.FlagError, PipelineError) as e:
         return _print_error(e)
     try:
         if run_options.source == "tfds":
@@ -73,7 +76,7 @@ def main(argv=None) -> int:
         print(f"{name}: {split.num_examples} examples in {len(split.shards)} "
               f"shard(s) of ~{split.num_bytes // len(split.shards):,} bytes -> "
               f"{run_options.output}")
-    return 0
+    return console.OK
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ import logging
 import os
 import threading
 
-from pipeline.errors import PipelineInputError
+from pipeline.errors import MissingCredentials
 
 # On a GCE or Dataflow VM the metadata server is the credential source and
 # answers google.auth's ping in milliseconds; elsewhere the ping may take 3
@@ -34,14 +34,15 @@ def needs_google(paths, runner: str | None) -> str | None:
 
 
 def require(paths, runner: str | None) -> None:
-    """Raises a one-line PipelineInputError if ``paths`` or ``runner`` need credentials none provide."""
+    """Raises a one-line MissingCredentials if ``paths`` or ``runner`` need
+    credentials none provide."""
     what = needs_google(paths, runner)
     if what:
         check(what)
 
 
 def check(what: str, wait_s: float = WAIT_S) -> None:
-    """Raises a one-line PipelineInputError naming the fix if no credentials are found."""
+    """Raises a one-line MissingCredentials naming the fix if no credentials are found."""
     found: dict = {}
 
     def look_up():
@@ -69,4 +70,4 @@ def check(what: str, wait_s: float = WAIT_S) -> None:
         reason = "none found"
     else:
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
-    raise PipelineInputError(f"{what}: no Google credentials ({reason}); {FIX}")
+    raise MissingCredentials(f"{what}: no Google credentials ({reason}); {FIX}")

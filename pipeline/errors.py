@@ -1,4 +1,5 @@
-"""Errors the job reports as one line: bad input, and storage that fails.
+"""Errors the job reports as one line: bad input, a missing credential, and
+storage that fails; each with its exit status (`mnist_common.console`).
 
 Also the classifiers that find such an error inside whatever a runner
 raised: `failure_summary` for storage failures, `as_pipeline_error` for
@@ -11,9 +12,14 @@ import errno
 import re
 from typing import Optional
 
+from mnist_common import console
+
 
 class PipelineError(Exception):
-    """A failure `python -m pipeline` prints as one line, exiting non-zero."""
+    """A failure the command line prints as one line, exiting with `exit_status`
+    (a failure at run time, unless a subclass says)."""
+
+    exit_status = console.FAILURE
 
 
 class PipelineInputError(PipelineError):
@@ -21,6 +27,13 @@ class PipelineInputError(PipelineError):
 
     Raised inside a Beam worker, it carries the same message out of the runner.
     """
+
+    exit_status = console.BAD_INPUT
+
+
+class MissingCredentials(PipelineError):
+    """No Google credentials for a gs:// path or Dataflow: the environment
+    fails the run, the flags and input are fine."""
 
 
 class StorageError(PipelineError):
@@ -30,7 +43,7 @@ class StorageError(PipelineError):
 class Interrupted(PipelineError):
     """Ctrl-C (SIGINT) stopped the job; the message says what the output holds."""
 
-    EXIT_STATUS = 130  # 128 + SIGINT, as a shell reports it
+    exit_status = console.INTERRUPTED
 
 
 def is_interrupt(error: Optional[BaseException]) -> bool:

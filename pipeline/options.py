@@ -242,7 +242,7 @@ def shuffle_mode(shuffle: str, runner: str | None) -> str:
 
 
 def parse(argv: Sequence[str]) -> Options:
-    """The run's `Options`, or a one-line `FlagError` / `PipelineInputError`.
+    """The run's `Options`, or a one-line `FlagError` / `PipelineError`.
 
     ``--help`` exits here. The job's flags, then credentials, are checked
     before Beam is imported, so either answers in seconds; a missing

@@ -6,9 +6,9 @@ Example of the contract, and the counts per shard and per split match. Each
 split's ``index`` values must be exactly 0..N-1, so a lost or duplicated
 example is caught even if the manifest was rewritten to match. Shard files
 the manifest does not list are reported too. The first problem found ends the
-run with one line naming the file, and exit status 1. With ``--preview=FILE.png``
-a verified dataset is also drawn: each split's first examples in stored order
-and its label histogram, from the records themselves.
+run with one line naming the file, and exit status 2 (bad input). With
+``--preview=FILE.png`` a verified dataset is also drawn: each split's first
+examples in stored order and its label histogram, from the records themselves.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ import zlib
 from typing import BinaryIO, Callable, Optional
 
 import mnist_contract as contract
+from mnist_common import console
 from pipeline import credentials, preview, storage
-from pipeline.errors import PipelineInputError
+from pipeline.errors import PipelineError
 
 # Records are decoded by `mnist_contract.wire`, and local files read without
 # Beam, so verifying a local dataset loads neither TensorFlow nor Beam.
@@ -33,7 +34,9 @@ DEFAULT_PREVIEW_COUNT = 10
 
 
 class VerificationError(Exception):
-    pass
+    """A problem in the dataset: bad input."""
+
+    exit_status = console.BAD_INPUT
 
 
 def verify(output: str, on_record: Optional[Callable[[str, dict], None]] = None
@@ -153,8 +156,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m pipeline.verify",
         usage="%(prog)s OUTPUT [--preview=FILE.png [--preview_count=N]]",
         description=_help_text(), formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Exit status: 0 verified, 1 a problem (one line 'error: FILE: "
-               "problem'), 2 bad arguments.")
+        epilog="Exit status: 0 verified, 1 a failure at run time, 2 bad arguments "
+               "or a problem in the dataset (one line 'error: FILE: problem').")
     parser.add_argument("output", help="dataset folder or gs://bucket/prefix")
     parser.add_argument("--preview", metavar="FILE.png", default=None,
                         help="also draw each split's first examples and label "
@@ -169,32 +172,28 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     if args.preview_count < 1:
         print(f"error: --preview_count={args.preview_count}: must be >= 1", file=sys.stderr)
-        return 2
-    try:
-        credentials.require([args.output], None)
-    except PipelineInputError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+        return console.BAD_INPUT
     collector = preview.PreviewCollector(args.preview_count) if args.preview else None
     try:
+        credentials.require([args.output], None)
         manifest = verify(args.output, collector)
-    except VerificationError as e:
+    except (PipelineError, VerificationError) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return e.exit_status
     if collector is not None:
         try:
             preview.write(args.preview, preview.render(collector))
         except OSError as e:
             print(f"error: {args.preview}: cannot write the preview "
                   f"({e.strerror or e})", file=sys.stderr)
-            return 1
+            return console.FAILURE
     for name, split in sorted(manifest.splits.items()):
         print(f"{name}: {split.num_examples} examples in {len(split.shards)} "
               f"shard(s) verified")
     if collector is not None:
         print(f"preview of the first {args.preview_count} examples of each split "
               f"-> {args.preview}")
-    return 0
+    return console.OK
 
 
 if __name__ == "__main__":

@@ -3,23 +3,25 @@
 A thin entry point: flags → `TrainConfig` (`trainer.config.parse_flags`,
 whose default ``--preset=auto`` is settled once TensorFlow has started
 quietly), `trainer.train.train_and_evaluate`, one line of final metrics. Expected
-failures (`TrainerError`) end with one line on stderr and exit status 1,
-no traceback. A stop on SIGTERM or SIGINT (`trainer.run.preemption`) ends with
-one line and exit status 143 or 130; so does Ctrl-C outside training.
+failures (`TrainerError`) end with one line on stderr, no traceback, and the
+exit status of the table in README.md (`mnist_common.console`): a flag that
+`trainer.config` refuses is a bad flag (2). A stop on SIGTERM or SIGINT
+(`trainer.run.preemption`) ends with one line and exit status 143 or 130; so
+does Ctrl-C outside training.
 
-TensorFlow's C++ start-up lines are hidden (`trainer.quiet`); the level
-``TF_CPP_MIN_LOG_LEVEL`` (default 2, errors only) decides what TensorFlow
-logs after that. The default must be set before TensorFlow is imported,
-hence here, first.
+TensorFlow's C++ start-up lines are dropped (`mnist_common.console`); the
+level ``TF_CPP_MIN_LOG_LEVEL`` (default 2, errors only) decides what
+TensorFlow logs after that. The default must be set before TensorFlow is
+imported, hence here, first.
 """
 
 from __future__ import annotations
 
 import os
 
-from trainer import quiet
+from mnist_common import console
 
-quiet.default_log_level()
+console.set_tensorflow_log_level()
 
 import logging  # noqa: E402
 import signal  # noqa: E402
@@ -28,12 +30,17 @@ from typing import Optional, Sequence  # noqa: E402
 
 import trainer  # noqa: E402,F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 from trainer.config import TrainConfig, parse_flags, strategy_is_tpu  # noqa: E402
-from trainer.errors import TrainerError  # noqa: E402
+from trainer.errors import TrainerError, TrainerInputError  # noqa: E402
 from trainer.run.preemption import EXIT_STATUS, Stopped  # noqa: E402
 
 
+class _StartFailed(Exception):
+    """A `TrainerError` of starting TensorFlow or reaching a TPU while the
+    flags are parsed (`_on_tpu`), carried out of `parse_flags`: not a bad flag."""
+
+
 def _quiet_tensorflow_start(config: TrainConfig) -> None:
-    """Imports TensorFlow (and, for a local run, finds its devices) with fd 2 muted.
+    """Imports TensorFlow (and, for a local run, finds its devices), start-up lines dropped.
 
     Finding the devices starts TensorFlow's runtime, after which a CPU split
     (``--cpu_replicas``, made here first), a multi-worker strategy or a TPU
@@ -45,7 +52,7 @@ def _quiet_tensorflow_start(config: TrainConfig) -> None:
     local = config.strategy in ("mirrored", "default") or (
         config.strategy == "auto" and not config.tpu and not os.environ.get("TPU_NAME")
         and not os.environ.get("TF_CONFIG"))
-    with quiet.muted_stderr():
+    with console.tensorflow_start():
         import tensorflow as tf
         from trainer import strategy as strategy_lib
         if config.cpu_replicas:
@@ -56,8 +63,21 @@ def _quiet_tensorflow_start(config: TrainConfig) -> None:
 
 def _on_tpu(flags: TrainConfig) -> bool:
     """`trainer.config.strategy_is_tpu`, with TensorFlow started quietly first."""
-    _quiet_tensorflow_start(flags)
-    return strategy_is_tpu(flags)
+    try:
+        _quiet_tensorflow_start(flags)
+        return strategy_is_tpu(flags)
+    except TrainerError as e:
+        raise _StartFailed(e) from None
+
+
+def _parse_flags(argv: Optional[Sequence[str]]) -> TrainConfig:
+    """`trainer.config.parse_flags`; what it refuses is a `TrainerInputError`."""
+    try:
+        return parse_flags(argv, on_tpu=_on_tpu)
+    except _StartFailed as e:
+        raise e.args[0] from None
+    except TrainerError as e:
+        raise TrainerInputError(str(e)) from None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -65,13 +85,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("trainer").setLevel(logging.INFO)
     try:
-        config = parse_flags(argv, on_tpu=_on_tpu)
+        config = _parse_flags(argv)
         _quiet_tensorflow_start(config)
         from trainer.train import train_and_evaluate  # imports TensorFlow
         metrics = train_and_evaluate(config)
     except TrainerError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return e.exit_status
     except Stopped as e:
         print(e, file=sys.stderr)
         return e.exit_status
@@ -87,7 +107,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"preset={metrics['preset']} "
           f"({metrics['loop']} loop, {metrics['strategy']}, "
           f"{metrics['replicas']} replica(s))")
-    return 0
+    return console.OK
 
 
 if __name__ == "__main__":

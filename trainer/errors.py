@@ -1,4 +1,5 @@
-"""The trainer's expected failure, and how a TensorFlow error becomes one line.
+"""The trainer's expected failures (each with its exit status), and how a
+TensorFlow error becomes one line.
 
 Imports neither TensorFlow nor Keras, so the configuration (`trainer.config`)
 can raise `TrainerError` while ``--help`` and bad flags answer at once.
@@ -8,13 +9,24 @@ from __future__ import annotations
 
 import re
 
+from mnist_common import console
+
 
 class TrainerError(Exception):
     """An expected failure (bad input, missing file, no TPU...).
 
     The message is one line that names the file or setting at fault; the
-    command line prints it without a traceback.
+    command line prints it without a traceback and exits with `exit_status`
+    (`mnist_common.console`: a failure at run time, unless a subclass says).
     """
+
+    exit_status = console.FAILURE
+
+
+class TrainerInputError(TrainerError):
+    """A bad flag or bad input: the command as given cannot work, exit status 2."""
+
+    exit_status = console.BAD_INPUT
 
 
 def summarize_error(error: BaseException, limit: int = 160) -> str:

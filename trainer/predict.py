@@ -14,10 +14,11 @@ uint8 pixels in, ``probabilities`` and ``class`` out.
   ``accuracy=0.9870 (987/1000) on split test``.
 
 As the trainer's, the command prints only its own lines: TensorFlow's C++
-logs stay hidden unless ``TF_CPP_MIN_LOG_LEVEL`` is set (`trainer.quiet`).
-Every path goes through ``tf.io.gfile``. Bad input (no export, a file that
-is not a 28x28 PNG, no manifest, an unknown split) ends with one line
-``error: FILE: problem`` and exit status 1; lines already printed stay.
+start-up lines are dropped (`mnist_common.console`). Every path goes through
+``tf.io.gfile``. A problem (no export, a file that is not a 28x28 PNG, no
+manifest, an unknown split) ends with one line ``error: FILE: problem`` and
+the exit status of the table in README.md (`TrainerError.exit_status`);
+lines already printed stay.
 """
 
 from __future__ import annotations
@@ -27,17 +28,17 @@ import sys
 from typing import Iterator, Optional, Sequence
 
 import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
-from trainer import quiet
+from mnist_common import console
 
 if __name__ == "__main__":  # the command, not an import: before TensorFlow loads
-    quiet.import_tensorflow()  # its start-up lines hidden
+    console.import_tensorflow_quietly()
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import mnist_contract as contract  # noqa: E402
 from trainer.data import input_pipeline, splits  # noqa: E402
-from trainer.errors import TrainerError, summarize_error  # noqa: E402
+from trainer.errors import TrainerError, TrainerInputError, summarize_error  # noqa: E402
 from trainer.model.export import SIGNATURE_INPUT  # noqa: E402
 from trainer.run import outputs  # noqa: E402
 
@@ -48,17 +49,19 @@ def load_signature(model_dir: str):
     """The export's ``serving_default`` function."""
     path = contract.join_path(model_dir, outputs.EXPORT)
     if not tf.io.gfile.exists(contract.join_path(path, "saved_model.pb")):
-        raise TrainerError(f"{path}: no SavedModel (train with --model_dir={model_dir} first)")
+        raise TrainerInputError(f"{path}: no SavedModel (train with --model_dir={model_dir} "
+                                "first)")
     problem = outputs.uncommitted(model_dir)
     if problem:  # the pair export + metrics.json is not one run's (`trainer.run.outputs`)
-        raise TrainerError(f"{path}: not committed ({problem}); run the trainer with "
-                           f"--model_dir={model_dir} again to finish it")
+        raise TrainerInputError(f"{path}: not committed ({problem}); run the trainer with "
+                                f"--model_dir={model_dir} again to finish it")
     try:
         loaded = tf.saved_model.load(path)
     except (tf.errors.OpError, ValueError) as e:
-        raise TrainerError(f"{path}: cannot load the SavedModel ({summarize_error(e)})") from None
+        raise TrainerInputError(f"{path}: cannot load the SavedModel "
+                                f"({summarize_error(e)})") from None
     if "serving_default" not in loaded.signatures:
-        raise TrainerError(f"{path}: no serving_default signature")
+        raise TrainerInputError(f"{path}: no serving_default signature")
     return loaded.signatures["serving_default"]
 
 
@@ -71,22 +74,29 @@ def predict(signature, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def read_png(path: str) -> np.ndarray:
-    """A 28x28x1 uint8 image from a PNG file."""
+    """A 28x28x1 uint8 image from a PNG file.
+
+    A file that is missing or is not such a PNG is bad input; one the storage
+    fails to read is a failure at run time.
+    """
     try:
         with tf.io.gfile.GFile(path, "rb") as f:
             blob = f.read()
+    except tf.errors.NotFoundError as e:
+        raise TrainerInputError(f"{path}: cannot read ({summarize_error(e)})") from None
     except tf.errors.OpError as e:
         raise TrainerError(f"{path}: cannot read ({summarize_error(e)})") from None
     if not blob.startswith(b"\x89PNG\r\n\x1a\n"):
-        raise TrainerError(f"{path}: not a PNG file")
+        raise TrainerInputError(f"{path}: not a PNG file")
     try:
         image = tf.io.decode_png(blob, channels=contract.IMAGE_CHANNELS).numpy()
     except tf.errors.OpError as e:
-        raise TrainerError(f"{path}: cannot decode the PNG ({summarize_error(e)})") from None
+        raise TrainerInputError(f"{path}: cannot decode the PNG "
+                                f"({summarize_error(e)})") from None
     if image.shape != contract.IMAGE_SHAPE:
-        raise TrainerError(f"{path}: image is {image.shape[0]}x{image.shape[1]} "
-                           f"(height x width), expected {contract.IMAGE_HEIGHT}x"
-                           f"{contract.IMAGE_WIDTH}")
+        raise TrainerInputError(f"{path}: image is {image.shape[0]}x{image.shape[1]} "
+                                f"(height x width), expected {contract.IMAGE_HEIGHT}x"
+                                f"{contract.IMAGE_WIDTH}")
     return image
 
 
@@ -104,9 +114,10 @@ def split_batches(data_dir: str, split: str, limit: Optional[int]) -> Iterator[d
     try:
         for batch in ds:
             yield {k: v.numpy() for k, v in batch.items()}
-    except tf.errors.OpError as e:
-        raise TrainerError(f"{data_dir}: cannot read split {split!r} "
-                           f"({summarize_error(e)})") from None
+    except tf.errors.OpError as e:  # corrupt records are bad input, an I/O error is not
+        corrupt = isinstance(e, (tf.errors.DataLossError, tf.errors.InvalidArgumentError))
+        raise (TrainerInputError if corrupt else TrainerError)(
+            f"{data_dir}: cannot read split {split!r} ({summarize_error(e)})") from None
 
 
 def evaluate_split(signature, data_dir: str, split: str, limit: Optional[int],
@@ -152,14 +163,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             classes, probs = predict(signature, images)
             for path, cls, p in zip(args.images, classes, probs):
                 print(f"{path} class={cls} probability={p:.4f}")
-            return 0
+            return console.OK
         correct, total = evaluate_split(signature, args.data, args.split, args.limit)
     except TrainerError as e:
         sys.stdout.flush()
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return e.exit_status
     print(f"accuracy={correct / total:.4f} ({correct}/{total}) on split {args.split}")
-    return 0
+    return console.OK
 
 
 if __name__ == "__main__":

@@ -101,7 +101,8 @@ def test_verify_help_is_plain_text_and_imports_no_tensorflow():
                                     "Re-reads a written dataset end to end.\n")
     assert "``" not in result.stdout and "`" not in result.stdout
     assert "index values must be exactly 0..N-1" in result.stdout
-    assert "Exit status: 0 verified, 1 a problem" in result.stdout
+    assert ("Exit status: 0 verified, 1 a failure at run time, 2 bad arguments or a "
+            "problem in the dataset") in result.stdout
     probe = ("import sys\nfrom pipeline.verify import main\n"
              "try:\n    main(['--help'])\nexcept SystemExit as e:\n    assert e.code == 0\n"
              "print(sorted(m for m in ('tensorflow', 'apache_beam') if m in sys.modules))")
@@ -130,7 +131,7 @@ NOISE_MARKERS = ("cuInit", "oneDNN", "cudart_stub", "absl::InitializeLog",
     (b"Traceback (most recent call last):\n", False),
 ])
 def test_startup_noise_is_recognised(line, noise):
-    from pipeline import console
+    from mnist_common import console
     assert console.is_startup_noise(line) is noise
 
 

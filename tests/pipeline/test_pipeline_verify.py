@@ -71,6 +71,6 @@ def test_faults_are_named(dataset, capsys, fault, expected):
         (dataset / "mnist-train.tfrecord-00003-of-00004").write_bytes(b"")
     elif fault == "missing manifest":
         (dataset / "manifest.json").unlink()
-    assert main([str(dataset)]) == 1
+    assert main([str(dataset)]) == 2  # a damaged dataset: bad input
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and expected in err[0], err

@@ -22,7 +22,7 @@ DEEP = b"[" * 100_000 + b"]" * 100_000
 ])
 def test_bad_manifest_is_one_line(tmp_path, capsys, content, problem):
     (tmp_path / "manifest.json").write_bytes(content)
-    assert main([str(tmp_path)]) == 1
+    assert main([str(tmp_path)]) == 2
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in captured.err, captured.err[-2000:]
@@ -33,7 +33,7 @@ def test_bad_manifest_is_one_line(tmp_path, capsys, content, problem):
 def test_journal_is_reported_before_the_manifest(tmp_path, capsys):
     (tmp_path / "manifest.json").write_bytes(b"{}")
     (tmp_path / ".publish-journal.json").write_bytes(b'{"run_id": "abc123"}')
-    assert main([str(tmp_path)]) == 1
+    assert main([str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip() == (
         f"error: {tmp_path}/.publish-journal.json: interrupted publish of run abc123 "
         "(or one still in progress); rerun the job to complete it")

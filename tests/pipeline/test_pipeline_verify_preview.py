@@ -87,7 +87,7 @@ def test_no_preview_of_a_dataset_that_fails(tmp_path, idx_dir, capsys):
     shard = out / "mnist-test.tfrecord-00000-of-00001"
     shard.write_bytes(shard.read_bytes()[:-5])
     png = tmp_path / "preview.png"
-    assert main([str(out), f"--preview={png}"]) == 1
+    assert main([str(out), f"--preview={png}"]) == 2
     assert "bytes, manifest says" in capsys.readouterr().err
     assert not png.exists()
 

@@ -171,7 +171,7 @@ def test_missing_shard_names_the_file(tmp_path, capsys, loop, split):
     (["--cpu_replicas=2", "--strategy=tpu"], "--cpu_replicas works with --strategy=auto or mirrored"),
 ])
 def test_bad_settings(argv, message, tmp_path, capsys):
-    assert cli.main(["--data=x", f"--model_dir={tmp_path}", *argv]) == 1
+    assert cli.main(["--data=x", f"--model_dir={tmp_path}", *argv]) == 2  # bad flags
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith(f"error: {message}")
 

@@ -176,10 +176,10 @@ def test_predict_pngs_and_errors(exported, tmp_path, capsys):
         ([str(tmp_path / "text.png")], f"error: {tmp_path}/text.png: not a PNG file"),
         ([str(tmp_path / "missing.png")], f"error: {tmp_path}/missing.png: cannot read"),
     ]:
-        assert predict.main([f"--model_dir={model_dir}", *args]) == 1
+        assert predict.main([f"--model_dir={model_dir}", *args]) == 2  # bad input
         captured = capsys.readouterr()
         assert captured.out == "" and captured.err.startswith(message), captured.err
-    assert predict.main([f"--model_dir={tmp_path}", paths[0]]) == 1
+    assert predict.main([f"--model_dir={tmp_path}", paths[0]]) == 2
     assert capsys.readouterr().err.startswith(f"error: {tmp_path}/export: no SavedModel")
     assert predict.main([f"--model_dir={model_dir}", f"--data={tmp_path}"]) == 1
     assert capsys.readouterr().err.startswith(

@@ -60,7 +60,7 @@ def test_kill_while_exporting_leaves_a_consistent_pair(tmp_path):
         assert described == first  # the kill came before the commit point
         assert code == 0 and line.startswith(f"accuracy={described['test_accuracy']:.4f} ")
     else:  # killed between the two: the export is refused, not trusted
-        assert code == 1 and "not committed" in line, line
+        assert code == 2 and "not committed" in line, line
     # The next run finishes the job: one consistent pair.
     assert run(data, model_dir, "--epochs=3", *flags) == 0
     final = read_metrics(model_dir)
@@ -99,7 +99,7 @@ def test_a_failed_commit_is_one_line_and_the_rerun_commits(tmp_path, monkeypatch
                       "a rerun exports again"]
     assert not os.path.exists(os.path.join(model_dir, "metrics.json"))
     code, line = predict_accuracy(model_dir, data)
-    assert code == 1 and "not committed" in line, line
+    assert code == 2 and "not committed" in line, line
     monkeypatch.setattr(outputs, "write_text", write_text)
     assert cli.main(argv) == 0
     code, line = predict_accuracy(model_dir, data)

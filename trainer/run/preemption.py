@@ -4,8 +4,8 @@
 at the next step boundary (custom loop: after each ``steps_per_execution``
 call; Keras loop: after each train-function call), saves a checkpoint of
 that step with the run's history, and raises `Stopped`; the command line
-prints one line and exits with `EXIT_STATUS` (128 + the signal number, as a
-shell reports a process the signal ended). Rerunning the same command
+prints one line and exits with `EXIT_STATUS` (`mnist_common.console.stopped_by`:
+128 + the signal number, as a shell reports a process the signal ended). Rerunning the same command
 resumes from that checkpoint exactly as after a kill. A second signal stops
 at once, without saving (the last checkpoint on disk stays the resume point).
 
@@ -40,7 +40,10 @@ import signal
 import threading
 from typing import Callable, Optional, Sequence
 
-EXIT_STATUS = {signal.SIGTERM: 128 + signal.SIGTERM, signal.SIGINT: 128 + signal.SIGINT}
+from mnist_common import console
+
+EXIT_STATUS = {signum: console.stopped_by(signum)
+               for signum in (signal.SIGTERM, signal.SIGINT)}
 
 
 class Stopped(Exception):

@@ -1,0 +1,92 @@
+"""What the command-line programs print at start-up, and how they exit.
+
+TensorFlow's C++ side logs a dozen lines on import and on first device use
+(oneDNN and CPU-feature notices, "Could not find cuda drivers", "failed call
+to cuInit: UNKNOWN ERROR (303)" on a machine without a GPU). Many are written
+before its logging is initialised, so ``TF_CPP_MIN_LOG_LEVEL`` does not hold
+them back. `tensorflow_start` captures file descriptor 2 while TensorFlow
+loads and finds its devices, then passes on every captured line that is not
+one of those notices, so a real error is still seen. After that the level
+(default here: 2, errors only) decides what TensorFlow logs.
+
+The exit statuses are the same for every command (README.md, "Exit
+status"): `OK`, `FAILURE` at run time, `BAD_INPUT` for bad flags or bad
+input (argparse's usage errors are 2 as well), `stopped_by` a signal.
+
+Imports neither TensorFlow nor either program: the programs call it first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import sys
+import tempfile
+from typing import Iterator
+
+OK = 0
+FAILURE = 1
+BAD_INPUT = 2
+
+
+def stopped_by(signum: int) -> int:
+    """128 + the signal number, as a shell reports a process the signal ended."""
+    return 128 + int(signum)
+
+
+INTERRUPTED = stopped_by(signal.SIGINT)  # 130
+TERMINATED = stopped_by(signal.SIGTERM)  # 143
+
+_NOISE = re.compile(
+    rb"WARNING: All log messages before absl::InitializeLog\(\) is called are "
+    rb"written to STDERR"
+    rb"|[IW]\d{4} [\d:. ]+\d+ \S+\.cc:\d+\] "  # C++ info and warning lines
+    rb"|E\d{4} [\d:. ]+\d+ cuda_\w+\.cc:\d+\] failed call to cuInit"
+    rb"|To enable the following instructions: .* rebuild TensorFlow")
+
+
+def set_tensorflow_log_level() -> None:
+    """TF's C++ logs errors only, unless the user chose a level; before TF loads."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def is_startup_noise(line: bytes) -> bool:
+    return bool(_NOISE.match(line))
+
+
+@contextlib.contextmanager
+def tensorflow_start() -> Iterator[None]:
+    """Inside the block, fd 2 is captured; on leaving it, lines that are not
+    start-up noise pass on to the real stderr, whether or not the block raised.
+
+    The caller imports TensorFlow inside, and does there whatever first
+    touches its devices (listing them, splitting the CPU).
+    """
+    set_tensorflow_log_level()
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            kept = b"".join(line for line in captured if not is_startup_noise(line))
+            if kept:
+                os.write(2, kept)
+
+
+def import_tensorflow_quietly() -> None:
+    """Imports TensorFlow and finds its devices, dropping start-up notices
+    (once per process)."""
+    set_tensorflow_log_level()
+    if "tensorflow" in sys.modules:
+        return
+    with tensorflow_start():
+        import tensorflow as tf
+        tf.config.list_physical_devices()

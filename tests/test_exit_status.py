@@ -1,0 +1,89 @@
+"""One exit-status table for the four commands (README.md, "Exit status").
+
+Each command's rows, in-process. Rows whose case takes a long run are tested
+beside it: Ctrl-C 130 in the job (test_pipeline_interrupt.py), SIGTERM 143
+and SIGINT 130 in the trainer (test_trainer_preemption.py), storage failing
+during the job 1 (test_pipeline_storage_errors.py), a trainer run that
+cannot commit its export 1 and a successful run 0 (test_trainer_export_commit.py,
+test_trainer_cli.py), predict's bad PNGs 2 and its run on a split 0
+(test_trainer_export.py).
+"""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from mnist_common import console
+
+
+def test_the_table():
+    assert (console.OK, console.FAILURE, console.BAD_INPUT) == (0, 1, 2)
+    assert (console.INTERRUPTED, console.TERMINATED) == (130, 143)
+    assert console.stopped_by(signal.SIGHUP) == 129
+
+
+@pytest.fixture
+def no_credentials(monkeypatch, tmp_path):
+    """google.auth finds no credentials: its key file is missing."""
+    monkeypatch.delenv("STORAGE_EMULATOR_HOST", raising=False)
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "no-key.json"))
+
+
+def test_pipeline_rows(tmp_path, no_credentials, capsys):
+    from pipeline.__main__ import main
+    out = str(tmp_path / "out")
+    assert main([f"--output={out}", "--bogus_flag=1"]) == 2
+    assert main([f"--output={out}", "--source=synthetic:0"]) == 2
+    assert main(["--output=gs://bkt/mnist"]) == 1  # the environment, not the flags
+    assert "no Google credentials" in capsys.readouterr().err
+    assert main([f"--output={out}", "--source=synthetic:40", "--runner=DirectRunner"]) == 0
+
+
+def test_verify_rows(tmp_path, no_credentials, capsys):
+    from pipeline.__main__ import main as convert
+    from pipeline.verify import main
+    out = str(tmp_path / "out")
+    assert convert([f"--output={out}", "--source=synthetic:40"]) == 0
+    assert main([out]) == 0
+    with pytest.raises(SystemExit) as usage:
+        main([out, "--bogus"])
+    assert usage.value.code == 2
+    assert main([out, "--preview_count=0"]) == 2
+    assert main([str(tmp_path)]) == 2  # no manifest: bad input
+    assert main(["gs://bkt/mnist"]) == 1
+    assert "no Google credentials" in capsys.readouterr().err
+    assert main([out, f"--preview={tmp_path}/missing-folder/p.png"]) == 1
+
+
+def test_trainer_rows(tmp_path, monkeypatch, capsys):
+    from trainer import __main__ as cli
+    from trainer.errors import TrainerError
+    flags = [f"--data={tmp_path}", f"--model_dir={tmp_path}/m"]
+    with pytest.raises(SystemExit) as usage:
+        cli.main([*flags, "--bogus"])
+    assert usage.value.code == 2
+    capsys.readouterr()
+    assert cli.main([*flags, "--preset=smoke", "--epochs=0"]) == 2  # refused by the config
+    assert capsys.readouterr().err.splitlines() == ["error: --epochs must be >= 1, not 0"]
+
+    def unreachable(config):
+        raise TrainerError("no TPU behind --tpu=t")
+    monkeypatch.setattr(cli, "_quiet_tensorflow_start", lambda config: None)
+    monkeypatch.setattr(cli, "strategy_is_tpu", unreachable)
+    assert cli.main([*flags, "--preset=auto"]) == 1  # while choosing the preset: not a flag
+    assert capsys.readouterr().err.splitlines() == ["error: no TPU behind --tpu=t"]
+    monkeypatch.undo()
+    # The data checks (trainer/data.py, trainer/checks.py) raise TrainerError: 1.
+    assert cli.main([*flags, "--preset=smoke"]) == 1
+    assert "no manifest.json" in capsys.readouterr().err
+
+
+def test_predict_rows(tmp_path, capsys):
+    from trainer import predict
+    with pytest.raises(SystemExit) as usage:
+        predict.main([f"--model_dir={tmp_path}"])  # neither PNG files nor --data
+    assert usage.value.code == 2
+    assert predict.main([f"--model_dir={tmp_path}", "digit.png"]) == 2  # no export
+    assert "no SavedModel" in capsys.readouterr().err
