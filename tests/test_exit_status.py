@@ -11,6 +11,7 @@ test_trainer_cli.py), predict's bad PNGs 2 and its run on a split 0
 
 from __future__ import annotations
 
+import os
 import signal
 
 import pytest
@@ -58,8 +59,10 @@ def test_verify_rows(tmp_path, no_credentials, capsys):
 
 
 def test_trainer_rows(tmp_path, monkeypatch, capsys):
+    from tests import trainer_data
     from trainer import __main__ as cli
     from trainer.errors import TrainerError
+    from trainer.run import lock as run_lock
     flags = [f"--data={tmp_path}", f"--model_dir={tmp_path}/m"]
     with pytest.raises(SystemExit) as usage:
         cli.main([*flags, "--bogus"])
@@ -75,9 +78,18 @@ def test_trainer_rows(tmp_path, monkeypatch, capsys):
     assert cli.main([*flags, "--preset=auto"]) == 1  # while choosing the preset: not a flag
     assert capsys.readouterr().err.splitlines() == ["error: no TPU behind --tpu=t"]
     monkeypatch.undo()
-    # The data checks (trainer/data.py, trainer/checks.py) raise TrainerError: 1.
-    assert cli.main([*flags, "--preset=smoke"]) == 1
+    assert cli.main([*flags, "--preset=smoke"]) == 2  # the dataset: bad input
     assert "no manifest.json" in capsys.readouterr().err
+    data, model_dir = str(tmp_path / "data"), str(tmp_path / "held")
+    trainer_data.write_dataset(data, num_train=32, num_test=8)
+    os.makedirs(model_dir)
+    held = run_lock.acquire(model_dir)  # another run holds --model_dir: a run-time failure
+    try:
+        assert cli.main([f"--data={data}", f"--model_dir={model_dir}", "--preset=smoke",
+                         "--global_batch_size=8"]) == 1
+    finally:
+        held.release()
+    assert f"{model_dir}: in use by run {held.run_id}" in capsys.readouterr().err
 
 
 def test_predict_rows(tmp_path, capsys):

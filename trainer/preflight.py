@@ -24,7 +24,7 @@ from trainer import strategy as strategy_lib
 from trainer.config import TrainConfig
 from trainer.data import checks
 from trainer.data.splits import SplitFiles, read_manifest, split_files, steps_per_epoch
-from trainer.errors import TrainerError
+from trainer.errors import TrainerInputError
 from trainer.run import outputs
 from trainer.run.dataset_pin import DatasetPin
 
@@ -58,7 +58,7 @@ def preflight(config: TrainConfig, callbacks: Sequence = ()) -> Run:
     strategy = strategy_lib.make_strategy(config.strategy, config.tpu, config.cpu_replicas)
     spe = _check_inputs(config, strategy, train_files, test_files)
     if config.loop == "custom" and callbacks:
-        raise TrainerError("Keras callbacks need --loop=keras")
+        raise TrainerInputError("Keras callbacks need --loop=keras")
     outputs.make_model_dir(config.model_dir)
     return Run(config, strategy, outputs.Role.of(strategy), train_files, test_files, spe, pin)
 

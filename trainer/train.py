@@ -28,7 +28,7 @@ from mnist_contract import join_path
 from trainer import strategy as strategy_lib
 from trainer.config import TrainConfig
 from trainer.data import input_pipeline
-from trainer.errors import TrainerError, os_reason, summarize_error
+from trainer.errors import TrainerError, TrainerInputError, os_reason, summarize_error
 from trainer.loop.build import build_controller
 from trainer.model import export, models
 from trainer.preflight import Run, preflight
@@ -179,5 +179,5 @@ def _corrupt_data_error(error: tf.errors.DataLossError, run: Run) -> TrainerErro
         found = input_pipeline.find_corrupt_file(split)
         if found:
             path, message = found
-            return TrainerError(f"{path}: corrupt TFRecord data ({message})")
-    return TrainerError(f"data loss while reading the shards: {summarize_error(error)}")
+            return TrainerInputError(f"{path}: corrupt TFRecord data ({message})")
+    return TrainerInputError(f"data loss while reading the shards: {summarize_error(error)}")

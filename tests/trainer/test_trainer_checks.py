@@ -66,7 +66,7 @@ def test_shards_swapped_between_splits_differ_in_size(tmp_path, capsys):
     os.rename(train0, f"{path}/swap")
     os.rename(test0, train0)
     os.rename(f"{path}/swap", test0)
-    assert run(path, str(tmp_path / "m")) == 1
+    assert run(path, str(tmp_path / "m")) == 2
     assert one_error(capsys) == (
         f"error: {train0}: {os.path.getsize(train0)} bytes, but manifest.json lists "
         f"{os.path.getsize(test0)} (not the file the pipeline wrote; rerun it or restore "
@@ -80,7 +80,7 @@ def test_same_size_shards_swapped_are_caught_by_verify_checksums(out, tmp_path, 
     os.rename(train0, f"{out}/swap")
     os.rename(test0, train0)
     os.rename(f"{out}/swap", test0)
-    assert run(out, str(tmp_path / "m"), "--verify_checksums") == 1
+    assert run(out, str(tmp_path / "m"), "--verify_checksums") == 2
     line = one_error(capsys)
     # Whichever of the two is checked first (the evaluation input is built first).
     name, now_holds = (test0, train0) if line.startswith(f"error: {test0}") else (train0,
@@ -104,7 +104,7 @@ def test_edited_test_counts_are_refused(out, tmp_path, capsys, value, message):
         if type(value) is int:  # keep the split total consistent: the harder case
             split["num_examples"] = value + split["shards"][1]["num_examples"]
     path = edit_manifest(out, edit)
-    assert run(out, str(tmp_path / "m")) == 1
+    assert run(out, str(tmp_path / "m")) == 2
     line = one_error(capsys)
     assert line.startswith(f"error: {path}: ") and message in line, line
 
@@ -120,7 +120,7 @@ def test_plausible_but_wrong_test_count_is_caught_by_the_evaluation(tmp_path, ca
         raw["splits"]["test"]["shards"][0]["num_examples"] += 3
         raw["splits"]["test"]["num_examples"] += 3
     manifest = edit_manifest(path, edit)
-    assert run(path, str(tmp_path / "m"), f"--loop={loop}") == 1
+    assert run(path, str(tmp_path / "m"), f"--loop={loop}") == 2
     assert one_error(capsys) == (f"error: {manifest}: lists 24 test examples, but "
                                  "evaluation read 21 from the test shards")
 
@@ -130,7 +130,7 @@ def test_resuming_with_another_model_is_one_line(out, tmp_path, capsys, loop):
     model_dir = str(tmp_path / "m")
     assert run(out, model_dir, f"--loop={loop}", "--model=small") == 0
     capsys.readouterr()
-    assert run(out, model_dir, f"--loop={loop}", "--model=guide", "--epochs=2") == 1
+    assert run(out, model_dir, f"--loop={loop}", "--model=guide", "--epochs=2") == 2
     assert one_error(capsys) == (
         f"error: {model_dir}/checkpoints: holds checkpoints of --model=small, not "
         "--model=guide; resume with --model=small or use another --model_dir")
@@ -153,14 +153,14 @@ def test_a_checkpoint_that_does_not_fit_is_one_line(out, tmp_path, capsys):
 def test_model_dir_that_is_a_file(out, tmp_path, capsys):
     model_dir = tmp_path / "m"
     model_dir.write_text("not a folder")
-    assert run(out, str(model_dir)) == 1
+    assert run(out, str(model_dir)) == 2
     assert one_error(capsys) == f"error: {model_dir}: --model_dir is a file, not a folder"
     assert model_dir.read_text() == "not a folder"
 
 
 def test_image_format_that_does_not_match_the_records(out, tmp_path, capsys):
     manifest = edit_manifest(out, lambda raw: raw.update(image_format="png"))
-    assert run(out, str(tmp_path / "m")) == 1
+    assert run(out, str(tmp_path / "m")) == 2
     line = one_error(capsys)
     assert line.startswith(f"error: {shard(out, 'train', 0, 2)}: its first record does "
                            f"not decode as {manifest}'s image_format 'png' ("), line
@@ -170,7 +170,7 @@ def test_png_records_under_a_raw_manifest(tmp_path, capsys):
     path = str(tmp_path / "data")
     trainer_data.write_dataset(path, num_train=16, num_test=4, image_format="png")
     manifest = edit_manifest(path, lambda raw: raw.update(image_format="raw"))
-    assert run(path, str(tmp_path / "m")) == 1
+    assert run(path, str(tmp_path / "m")) == 2
     line = one_error(capsys)
     # Too few bytes for raw records (the manifest's plausibility check) or an
     # undecodable first record: either way one line naming the manifest.

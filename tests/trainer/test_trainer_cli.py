@@ -109,7 +109,7 @@ def test_both_loops_write_the_same_summaries_and_checkpoints(trainer_dataset, tm
 
 def test_missing_data_dir(tmp_path, capsys):
     missing = str(tmp_path / "nope")
-    assert cli.main([f"--data={missing}", f"--model_dir={tmp_path}/m"]) == 1
+    assert cli.main([f"--data={missing}", f"--model_dir={tmp_path}/m"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"error: {missing}: data directory not found"]
 
@@ -117,7 +117,7 @@ def test_missing_data_dir(tmp_path, capsys):
 def test_missing_manifest(tmp_path, capsys):
     out = str(tmp_path / "data")
     trainer_data.write_dataset(out, num_train=16, num_test=4, write_manifest=False)
-    assert cli.main([f"--data={out}", f"--model_dir={tmp_path}/m"]) == 1
+    assert cli.main([f"--data={out}", f"--model_dir={tmp_path}/m"]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert line.startswith(f"error: {out}/manifest.json: no manifest.json")
 
@@ -139,7 +139,7 @@ def test_corrupt_record_names_the_file(tmp_path, capsys, loop, split, damage, re
         os.truncate(bad, os.path.getsize(bad) - 100)
     rc = cli.main([f"--data={out}", f"--model_dir={tmp_path}/m", "--preset=smoke",
                    f"--loop={loop}", "--epochs=1", "--global_batch_size=16", "--verbose=0"])
-    assert rc == 1
+    assert rc == 2
     (line,) = error_lines(capsys.readouterr().err)
     if damage == "truncate":  # the size no longer matches: refused before training
         size = os.path.getsize(bad)
@@ -158,7 +158,7 @@ def test_missing_shard_names_the_file(tmp_path, capsys, loop, split):
     os.remove(gone)
     rc = cli.main([f"--data={out}", f"--model_dir={tmp_path}/m", "--preset=smoke",
                    f"--loop={loop}", "--epochs=1", "--global_batch_size=16", "--verbose=0"])
-    assert rc == 1
+    assert rc == 2
     assert error_lines(capsys.readouterr().err) == [
         f"error: {gone}: listed in manifest.json but missing"]
     assert not os.path.exists(f"{tmp_path}/m")  # stopped before training
@@ -339,7 +339,7 @@ def test_missing_shard_from_the_shell(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "trainer", f"--data={out}",
                            f"--model_dir={tmp_path}/m"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert proc.stderr.splitlines() == [
         f"error: {gone}: listed in manifest.json but missing"], proc.stderr
 

@@ -108,7 +108,7 @@ def test_resume_on_another_dataset_needs_the_flag(tmp_path, capsys):
     assert run(data, model_dir, "--epochs=1") == 0
     republish(data)
     capsys.readouterr()
-    assert run(data, model_dir, "--epochs=2") == 1
+    assert run(data, model_dir, "--epochs=2") == 2
     assert one_error(capsys) == (
         f"error: --data={data}: {model_dir} was trained on {data} (manifest sha256 "
         f"{old[:12]}...), and this is another dataset (manifest sha256 "

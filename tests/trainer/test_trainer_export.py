@@ -181,7 +181,7 @@ def test_predict_pngs_and_errors(exported, tmp_path, capsys):
         assert captured.out == "" and captured.err.startswith(message), captured.err
     assert predict.main([f"--model_dir={tmp_path}", paths[0]]) == 2
     assert capsys.readouterr().err.startswith(f"error: {tmp_path}/export: no SavedModel")
-    assert predict.main([f"--model_dir={model_dir}", f"--data={tmp_path}"]) == 1
+    assert predict.main([f"--model_dir={model_dir}", f"--data={tmp_path}"]) == 2
     assert capsys.readouterr().err.startswith(
         f"error: {tmp_path}/manifest.json: no manifest.json (not a complete pipeline output")
 
@@ -205,10 +205,10 @@ def test_predict_reads_a_split_through_gfile(exported, capsys):
         assert int(r["label"]) == labels[i] and int(r["class"]) == expected[i]
     correct = int((expected == labels).sum())
     assert lines[-1] == f"accuracy={correct / 23:.4f} ({correct}/23) on split test"
-    assert predict.main([f"--model_dir={model_dir}", f"--data={out}", "--split=valid"]) == 1
+    assert predict.main([f"--model_dir={model_dir}", f"--data={out}", "--split=valid"]) == 2
     assert capsys.readouterr().err.startswith(f"error: {out}/manifest.json: ")
     journal = f"{out}/{contract.PUBLISH_JOURNAL_FILE}"
     with tf.io.gfile.GFile(journal, "w") as f:
         f.write("{}")
-    assert predict.main([f"--model_dir={model_dir}", f"--data={out}"]) == 1
+    assert predict.main([f"--model_dir={model_dir}", f"--data={out}"]) == 2
     assert capsys.readouterr().err.startswith(f"error: {journal}: interrupted publish")

@@ -257,7 +257,7 @@ def test_a_gs_model_dir_in_a_missing_bucket_is_one_line(gcs_tls, dataset):
     model_dir = "gs://no-such-bucket/model"
     proc = _run(gcs_tls, "-m", "trainer", f"--data=gs://{EMULATOR_BUCKET}/{dataset}",
                 f"--model_dir={model_dir}", *TRAIN_FLAGS, "--epochs=1")
-    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert _error_lines(proc) == [f"error: {model_dir}: cannot create --model_dir (bucket "
                                   "gs://no-such-bucket does not exist)"], proc.stderr[-3000:]
 

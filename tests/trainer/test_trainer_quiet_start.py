@@ -29,7 +29,7 @@ def test_trainer_start_is_quiet(tmp_path, level):
     (tmp_path / "model").write_text("a file")
     result = run(["trainer", "--preset=smoke", f"--data={tmp_path}",
                   f"--model_dir={tmp_path / 'model'}"], level)
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert result.stderr.splitlines() == [
         f"error: {tmp_path / 'model'}: --model_dir is a file, not a folder"], result.stderr
 

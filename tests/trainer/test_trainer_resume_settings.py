@@ -25,7 +25,7 @@ def test_a_setting_that_defines_the_run_cannot_change(trained, model_dir, capsys
                                                        saved):
     capsys.readouterr()
     flags = [f for f in LOOP if f.split("=")[0] != flag.split("=")[0]]
-    assert run(trained[0], model_dir, "--epochs=3", *flags, flag) == 1
+    assert run(trained[0], model_dir, "--epochs=3", *flags, flag) == 2
     name, _, value = flag.partition("=")
     value = value or "true"
     assert one_error(capsys) == (
@@ -35,7 +35,7 @@ def test_a_setting_that_defines_the_run_cannot_change(trained, model_dir, capsys
 
 def test_fewer_epochs_than_trained_is_refused(trained, model_dir, capsys):
     capsys.readouterr()
-    assert run(trained[0], model_dir, "--epochs=1", *LOOP) == 1
+    assert run(trained[0], model_dir, "--epochs=1", *LOOP) == 2
     assert one_error(capsys) == (
         f"error: --epochs=1: {model_dir} has trained 8 steps (2 epochs of 4); resume "
         "with --epochs=2 or more, or use another --model_dir")

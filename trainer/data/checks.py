@@ -29,7 +29,7 @@ import tensorflow as tf
 
 import mnist_contract as contract
 from mnist_contract import examples
-from trainer.errors import TrainerError, summarize_error
+from trainer.errors import TrainerError, TrainerInputError, summarize_error
 
 _CHUNK = 1 << 20
 
@@ -40,12 +40,12 @@ def check_sizes(paths: Iterable[str], sizes: Iterable[int]) -> None:
         try:
             actual = tf.io.gfile.stat(path).length
         except tf.errors.NotFoundError:
-            raise TrainerError(f"{path}: listed in {contract.MANIFEST_FILE} but missing"
+            raise TrainerInputError(f"{path}: listed in {contract.MANIFEST_FILE} but missing"
                                ) from None
         except tf.errors.OpError as e:
             raise TrainerError(f"{path}: cannot read ({summarize_error(e)})") from None
         if actual != expected:
-            raise TrainerError(
+            raise TrainerInputError(
                 f"{path}: {actual} bytes, but {contract.MANIFEST_FILE} lists {expected} "
                 "(not the file the pipeline wrote; rerun it or restore the file)")
 
@@ -66,7 +66,7 @@ def verify_checksums(paths: Iterable[str], sha256s: Iterable[str]) -> None:
         except tf.errors.OpError as e:
             raise TrainerError(f"{path}: cannot read ({summarize_error(e)})") from None
         if actual != expected:
-            raise TrainerError(
+            raise TrainerInputError(
                 f"{path}: sha256 {actual[:16]}... differs from {contract.MANIFEST_FILE}'s "
                 f"{expected[:16]}... (not the file the pipeline wrote)")
 
@@ -78,22 +78,22 @@ def check_image_format(path: str, image_format: str, compression_type: str,
         first = next(iter(tf.data.TFRecordDataset(path, compression_type=compression_type)
                           .take(1)), None)
     except tf.errors.DataLossError as e:
-        raise TrainerError(f"{path}: corrupt TFRecord data ({summarize_error(e)})"
+        raise TrainerInputError(f"{path}: corrupt TFRecord data ({summarize_error(e)})"
                            ) from None
     except tf.errors.OpError as e:
         raise TrainerError(f"{path}: cannot read ({summarize_error(e)})") from None
     if first is None:
-        raise TrainerError(f"{path}: holds no records")
+        raise TrainerInputError(f"{path}: holds no records")
     try:
         examples.decode_example(first.numpy(), image_format)
     except (ValueError, tf.errors.OpError) as e:
-        raise TrainerError(
+        raise TrainerInputError(
             f"{path}: its first record does not decode as {manifest_path}'s "
             f"image_format {image_format!r} ({summarize_error(e)})") from None
 
 
 def check_eval_count(counted: int, expected: int, manifest_path: str) -> None:
     if counted != expected:
-        raise TrainerError(
+        raise TrainerInputError(
             f"{manifest_path}: lists {expected} test examples, but evaluation read "
             f"{counted} from the test shards")

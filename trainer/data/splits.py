@@ -18,7 +18,7 @@ import tensorflow as tf
 import mnist_contract as contract
 from trainer.config import TrainConfig
 from trainer.data import checks
-from trainer.errors import TrainerError, summarize_error
+from trainer.errors import TrainerError, TrainerInputError, summarize_error
 
 
 def load_manifest(data_dir: str) -> contract.Manifest:
@@ -38,11 +38,11 @@ def read_manifest(data_dir: str) -> tuple[contract.Manifest, bytes]:
     except tf.errors.OpError as e:  # e.g. gs:// without credentials or network
         raise TrainerError(f"{data_dir}: cannot access ({summarize_error(e)})") from None
     if not is_dir:
-        raise TrainerError(f"{data_dir}: data directory not found")
+        raise TrainerInputError(f"{data_dir}: data directory not found")
     if interrupted:
-        raise TrainerError(contract.interrupted_publish_message(journal, b""))
+        raise TrainerInputError(contract.interrupted_publish_message(journal, b""))
     if not has_manifest:
-        raise TrainerError(
+        raise TrainerInputError(
             f"{path}: no {contract.MANIFEST_FILE} (not a complete pipeline output; "
             "the pipeline writes it last)")
     try:
@@ -50,7 +50,7 @@ def read_manifest(data_dir: str) -> tuple[contract.Manifest, bytes]:
             raw = f.read()
         return contract.Manifest.from_json(raw, origin=path), raw
     except contract.ContractError as e:
-        raise TrainerError(str(e)) from None
+        raise TrainerInputError(str(e)) from None
     except tf.errors.OpError as e:
         raise TrainerError(f"{path}: cannot read ({summarize_error(e)})") from None
 
@@ -79,9 +79,9 @@ def split_files(data_dir: str, manifest: contract.Manifest, split: str) -> Split
     try:
         info = manifest.split(split)
     except contract.ContractError as e:
-        raise TrainerError(f"{contract.join_path(data_dir, contract.MANIFEST_FILE)}: {e}") from None
+        raise TrainerInputError(f"{contract.join_path(data_dir, contract.MANIFEST_FILE)}: {e}") from None
     if not info.shards or info.num_examples == 0:
-        raise TrainerError(f"{data_dir}: split {split!r} has no examples")
+        raise TrainerInputError(f"{data_dir}: split {split!r} has no examples")
     paths = tuple(contract.join_path(data_dir, shard.file) for shard in info.shards)
     sizes = tuple(shard.num_bytes for shard in info.shards)
     checks.check_sizes(paths, sizes)
@@ -96,7 +96,7 @@ def steps_per_epoch(split: SplitFiles, config: TrainConfig) -> int:
     """``--steps_per_epoch``, or as many whole global batches as the split fills."""
     steps = config.steps_per_epoch or split.num_examples // config.global_batch_size
     if steps < 1:
-        raise TrainerError(
+        raise TrainerInputError(
             f"{config.data}: the {split.name} split has {split.num_examples} examples, "
             f"fewer than one global batch of {config.global_batch_size}")
     return steps

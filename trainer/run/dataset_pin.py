@@ -26,7 +26,7 @@ import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 
 import mnist_contract as contract
-from trainer.errors import TrainerError, summarize_error
+from trainer.errors import TrainerError, TrainerInputError, summarize_error
 from trainer.run import outputs
 
 log = logging.getLogger(__name__)
@@ -112,7 +112,7 @@ def pin_run(model_dir: str, pin: DatasetPin, *, resuming: bool, allow_new: bool)
     if old is not None and old.get("manifest_sha256") != pin.manifest_sha256 and resuming:
         was = f"{old.get('data')} (manifest sha256 {str(old.get('manifest_sha256'))[:12]}...)"
         if not allow_new:
-            raise TrainerError(
+            raise TrainerInputError(
                 f"--data={pin.data}: {model_dir} was trained on {was}, and this is "
                 f"another dataset (manifest sha256 {pin.manifest_sha256[:12]}...); "
                 "resume with that data, pass --allow_new_dataset to continue on "

@@ -39,7 +39,7 @@ import tensorflow as tf
 
 from mnist_contract import join_path
 from trainer import strategy as strategy_lib
-from trainer.errors import TrainerError, summarize_error
+from trainer.errors import TrainerError, TrainerInputError, summarize_error
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +182,7 @@ def check_model_dir(model_dir: str) -> None:
     """``model_dir`` is a folder or does not exist yet (a file is refused)."""
     try:
         if tf.io.gfile.exists(model_dir) and not tf.io.gfile.isdir(model_dir):
-            raise TrainerError(f"{model_dir}: --model_dir is a file, not a folder")
+            raise TrainerInputError(f"{model_dir}: --model_dir is a file, not a folder")
     except tf.errors.OpError as e:
         raise TrainerError(f"{model_dir}: cannot create --model_dir "
                            f"({summarize_error(e)})") from None
@@ -213,5 +213,5 @@ def _check_bucket(model_dir: str) -> None:
     except tf.errors.PermissionDeniedError:
         return
     if not found:
-        raise TrainerError(f"{model_dir}: cannot create --model_dir (bucket {bucket} "
+        raise TrainerInputError(f"{model_dir}: cannot create --model_dir (bucket {bucket} "
                            "does not exist)")

@@ -24,7 +24,7 @@ import math
 from typing import Any, Mapping
 
 from trainer.config import TrainConfig
-from trainer.errors import TrainerError
+from trainer.errors import TrainerError, TrainerInputError
 
 FIXED = ("model", "global_batch_size", "steps_per_epoch", "augment", "learning_rate",
          "lr_schedule", "warmup_steps", "mixed_precision")
@@ -41,7 +41,7 @@ def _flag(value: Any) -> str:
 
 
 def _refuse(name: str, value: Any, saved: Any, model_dir: str) -> TrainerError:
-    return TrainerError(
+    return TrainerInputError(
         f"--{name}={_flag(value)}: {model_dir} was trained with {_flag(saved)}; resume "
         f"with --{name}={_flag(saved)} or use another --model_dir")
 
@@ -56,7 +56,7 @@ def check_settings(saved: Mapping, config: TrainConfig, steps_per_epoch: int,
     settings = dict(saved.get("settings") or {})
     model = settings.get("model", saved.get("model", config.model))
     if model != config.model:
-        raise TrainerError(
+        raise TrainerInputError(
             f"{directory}: holds checkpoints of --model={model}, not "
             f"--model={config.model}; resume with --model={model} or use another "
             "--model_dir")
@@ -69,7 +69,7 @@ def check_settings(saved: Mapping, config: TrainConfig, steps_per_epoch: int,
         raise _refuse("epochs", config.epochs, settings["epochs"], config.model_dir)
     begun = math.ceil(step / steps_per_epoch)
     if begun > config.epochs:
-        raise TrainerError(
+        raise TrainerInputError(
             f"--epochs={config.epochs}: {config.model_dir} has trained {step} steps "
             f"({begun} epochs of {steps_per_epoch}); resume with --epochs={begun} or "
             "more, or use another --model_dir")
