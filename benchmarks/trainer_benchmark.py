@@ -138,15 +138,14 @@ def input_ratio(split: splits.SplitFiles, images, labels, batch: int, batches: i
     return paired(repeats, window(records), window(arrays))
 
 
-def input_stages(split: splits.SplitFiles, images, batch: int, batches: int,
-                 repeats: int) -> dict[str, float]:
-    """Microseconds per batch of the TFRecord side's stages, each timed alone.
+def _stage_pipelines(split: splits.SplitFiles, images, batch: int) -> dict:
+    """The TFRecord side's stages as separate tf.data pipelines, and the arrays
+    side's shuffle + batch, each a function building its dataset.
 
     Rebuilt from the same tf.data ops as `trainer.data.input_pipeline` (reading in blocks
     of ``input_pipeline.RECORDS_PER_READ`` through a parallel interleave, un-blocking,
     shuffling serialized records, batching, one ``tf.io.parse_example`` per
-    batch), so each stage's cost shows on its own; and the arrays side's
-    shuffle + batch for comparison.
+    batch), so each stage's cost shows on its own.
     """
     autotune = tf.data.AUTOTUNE
 
@@ -162,7 +161,7 @@ def input_stages(split: splits.SplitFiles, images, batch: int, batches: int,
         return (tf.cast(tf.reshape(pixels, (-1,) + contract.IMAGE_SHAPE), tf.float32) / 255.0,
                 feats[contract.LABEL_KEY])
 
-    stages = {
+    return {
         "read + un-block + batch (serialized)":
             lambda: read().batch(batch, drop_remainder=True),
         "read + un-block + shuffle + batch (serialized)":
@@ -174,17 +173,22 @@ def input_stages(split: splits.SplitFiles, images, batch: int, batches: int,
             lambda: tf.data.Dataset.from_tensor_slices(images).shuffle(10_000).repeat()
             .batch(batch, drop_remainder=True),
     }
+
+
+def input_stages(split: splits.SplitFiles, images, batch: int, batches: int,
+                 repeats: int) -> dict[str, float]:
+    """Microseconds per batch of each stage of `_stage_pipelines`, timed alone."""
     out = {}
-    for name, build in stages.items():
-        it = iter(build().prefetch(autotune))
+    for name, build in _stage_pipelines(split, images, batch).items():
+        it = iter(build().prefetch(tf.data.AUTOTUNE))
         for _ in range(min(batches, 200)):  # warm-up
             next(it)
 
-        def go():
+        def go(it=it):
             for _ in range(batches):
                 next(it)
         out[name] = 1e6 / max(rate(go, batches) for _ in range(repeats))
-        del it
+        del it, go
     return out
 
 
@@ -192,6 +196,27 @@ def linear_model() -> keras.Model:
     """Almost no compute per step: shows what steps_per_execution can save."""
     return keras.Sequential([keras.layers.Input((28, 28, 1)), keras.layers.Flatten(),
                              keras.layers.Dense(10)])
+
+
+class EpochTimer(keras.callbacks.Callback):
+    """Times the epoch alone, not fit()'s set-up."""
+    seconds = 0.0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.t0 = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+        EpochTimer.seconds = time.perf_counter() - self.t0
+
+
+def _compiled(build, dataset, spe: int, steps: int) -> keras.Model:
+    """A model from ``build`` compiled at ``steps_per_execution=spe``, warmed up."""
+    model = build()
+    model.compile(optimizer=keras.optimizers.Adam(1e-3),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"], steps_per_execution=spe)
+    model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0)  # warm-up
+    return model
 
 
 def keras_ratio(split: splits.SplitFiles, batch: int, steps: int, repeats: int,
@@ -205,26 +230,7 @@ def keras_ratio(split: splits.SplitFiles, batch: int, steps: int, repeats: int,
     strategy = tf.distribute.get_strategy()
     config = TrainConfig(data="-", model_dir="-", global_batch_size=batch)
     dist = input_pipeline.train_input(strategy, split, config, postprocess=keras_loop.keras_batch)
-
-    class EpochTimer(keras.callbacks.Callback):
-        """Times the epoch alone, not fit()'s set-up."""
-        seconds = 0.0
-
-        def on_epoch_begin(self, epoch, logs=None):
-            self.t0 = time.perf_counter()
-
-        def on_epoch_end(self, epoch, logs=None):
-            EpochTimer.seconds = time.perf_counter() - self.t0
-
-    def compiled(spe):
-        model = build()
-        model.compile(optimizer=keras.optimizers.Adam(1e-3),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      metrics=["accuracy"], steps_per_execution=spe)
-        model.fit(dist, epochs=1, steps_per_epoch=steps, verbose=0)  # warm-up
-        return model
-
-    m50, m1 = compiled(50), compiled(1)
+    m50, m1 = _compiled(build, dist, 50, steps), _compiled(build, dist, 1, steps)
     logs = tempfile.mkdtemp(prefix="trainer-benchmark-tb-")
 
     def fit(model):
@@ -270,8 +276,8 @@ def custom_ratio(split: splits.SplitFiles, batch: int, steps: int,
     return paired(repeats, run(multi), run(single))
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--examples", type=int, default=20_000)
     p.add_argument("--shards", type=int, default=8)
     p.add_argument("--batch", type=int, default=128)
@@ -281,37 +287,30 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=15, help="window pairs per input ratio")
     p.add_argument("--fit_repeats", type=int, default=7,
                    help="window pairs per steps_per_execution ratio")
-    args = p.parse_args()
+    return p.parse_args()
 
-    print(f"TensorFlow {tf.__version__}, tf-keras {keras.__version__}, "
-          f"{os.cpu_count()} CPU(s); batch {args.batch}; small model "
-          f"({model_lib.build_model('small').count_params():,} parameters)")
-    with tempfile.TemporaryDirectory() as tmp:
-        images, labels = synthetic_data.write_dataset(
-            tmp, num_train=args.examples, num_test=10, train_shards=args.shards,
-            test_shards=1)
-        split = splits.split_files(tmp, splits.load_manifest(tmp), "train")
-        results = {}
-        results["input"] = (
-            input_ratio(split, images, labels, args.batch, args.input_batches, args.repeats),
-            "examples/s", "TFRecord shards", "from_tensor_slices uncached")
-        results["input_cached"] = (
-            input_ratio(split, images, labels, args.batch, args.input_batches, args.repeats,
-                        cache=True),
-            "examples/s", "TFRecord shards, --cache", "from_tensor_slices")
-        stages = input_stages(split, images, args.batch, args.input_batches,
-                              args.repeats)
-        results["keras"] = (keras_ratio(split, args.batch, args.steps, args.fit_repeats),
-                            "steps/s", "fit (progress bar) steps_per_execution=50", "=1")
-        results["keras_quiet"] = (
-            keras_ratio(split, args.batch, args.steps, args.fit_repeats, verbose=0),
-            "steps/s", "reference, fit verbose=0: spe=50", "=1")
-        results["keras_linear"] = (
-            keras_ratio(split, args.batch, args.steps, args.fit_repeats, linear_model,
-                        verbose=0),
-            "steps/s", "reference, linear model: fit spe=50", "=1")
-        results["custom"] = (custom_ratio(split, args.batch, args.steps, args.fit_repeats),
-                             "steps/s", "custom multi-step (50)", "single-step")
+
+def measure(args: argparse.Namespace, split: splits.SplitFiles, images, labels) -> dict:
+    """Every ratio: key → (pair, unit, name of a, name of b)."""
+    b, n, r, fr, steps = args.batch, args.input_batches, args.repeats, args.fit_repeats, args.steps
+    return {
+        "input": (input_ratio(split, images, labels, b, n, r),
+                  "examples/s", "TFRecord shards", "from_tensor_slices uncached"),
+        "input_cached": (input_ratio(split, images, labels, b, n, r, cache=True),
+                         "examples/s", "TFRecord shards, --cache", "from_tensor_slices"),
+        "keras": (keras_ratio(split, b, steps, fr),
+                  "steps/s", "fit (progress bar) steps_per_execution=50", "=1"),
+        "keras_quiet": (keras_ratio(split, b, steps, fr, verbose=0),
+                        "steps/s", "reference, fit verbose=0: spe=50", "=1"),
+        "keras_linear": (keras_ratio(split, b, steps, fr, linear_model, verbose=0),
+                         "steps/s", "reference, linear model: fit spe=50", "=1"),
+        "custom": (custom_ratio(split, b, steps, fr),
+                   "steps/s", "custom multi-step (50)", "single-step"),
+    }
+
+
+def report_ratios(results: dict) -> bool:
+    """One line per ratio; whether every bar (`BARS`) was met."""
     ok = True
     median = statistics.median
     for key, (pair, unit, name_a, name_b) in results.items():
@@ -323,11 +322,17 @@ def main() -> int:
             ok &= passed
             line += f" (bar {BARS[key]}x: {'met' if passed else 'MISSED'})"
         print(line, flush=True)
+    return ok
+
+
+def report_details(results: dict, stages: dict, batch: int) -> None:
+    """The input stages, and what steps_per_execution saves per step."""
+    median = statistics.median
     inp = results["input"][0]
-    print(f"input stages, us per batch of {args.batch} (each alone; in the pipeline they "
+    print(f"input stages, us per batch of {batch} (each alone; in the pipeline they "
           f"overlap on parallel threads): TFRecord pipeline "
-          f"{1e6 * args.batch / median(inp.a):.0f}, from_tensor_slices pipeline "
-          f"{1e6 * args.batch / median(inp.b):.0f}")
+          f"{1e6 * batch / median(inp.a):.0f}, from_tensor_slices pipeline "
+          f"{1e6 * batch / median(inp.b):.0f}")
     for name, micros in stages.items():
         print(f"  {name}: {micros:.0f}")
     linear = results["keras_linear"][0]
@@ -342,6 +347,22 @@ def main() -> int:
               f"{1000 / median(pair.b) - step:.2f} ms per step gives (step + saved) / step "
               f"= {pair.ratio:.2f}x; on a TPU the step is microseconds and the host cost "
               f"dominates, as in the linear line")
+
+
+def main() -> int:
+    args = parse_args()
+    print(f"TensorFlow {tf.__version__}, tf-keras {keras.__version__}, "
+          f"{os.cpu_count()} CPU(s); batch {args.batch}; small model "
+          f"({model_lib.build_model('small').count_params():,} parameters)")
+    with tempfile.TemporaryDirectory() as tmp:
+        images, labels = synthetic_data.write_dataset(
+            tmp, num_train=args.examples, num_test=10, train_shards=args.shards,
+            test_shards=1)
+        split = splits.split_files(tmp, splits.load_manifest(tmp), "train")
+        results = measure(args, split, images, labels)
+        stages = input_stages(split, images, args.batch, args.input_batches, args.repeats)
+    ok = report_ratios(results)
+    report_details(results, stages, args.batch)
     return 0 if ok else 1
 
 
