@@ -24,6 +24,7 @@ small in tests that stop the storage server on purpose.
 from __future__ import annotations
 
 import os
+import time
 from typing import Iterable
 
 from mnist_contract import join_path
@@ -151,12 +152,26 @@ def delete(paths: Iterable[str]) -> None:
         _file_systems().delete(paths)
 
 
-def delete_tree(directory: str) -> None:
-    """Removes a directory (local) or every object under a prefix (GCS)."""
+def delete_tree(directory: str, attempts: int = 5) -> None:
+    """Removes a directory (local) or every object under a prefix (GCS).
+
+    A local folder is removed again, up to ``attempts`` times 0.2 s apart,
+    while it is still there after a failure: a stopped job's in-process
+    workers may add a file before they notice the stop.
+    """
     if is_remote(directory):
         delete(list_dir(directory))
-    elif os.path.isdir(directory):
-        _file_systems().delete([directory])
+        return
+    for attempt in range(attempts):
+        if not os.path.isdir(directory):
+            return
+        try:
+            _file_systems().delete([directory])
+            return
+        except Exception:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.2)
 
 
 def rename(sources: list[str], destinations: list[str]) -> None:
