@@ -105,11 +105,10 @@ def run(options: Options) -> JobResult:
                 stop.too_late()
                 return JobResult(options.output, completed_run=layout.completed_run)
             try:
-                manifest = _write(options, layout)
+                return JobResult(options.output, manifest=_write(options, layout))
             except stop.Stopped as e:
-                raise Interrupted.by(e, options.output, interrupted_state(layout)) from None
-            stop.too_late()  # published: a signal from here on changes nothing
-            return JobResult(options.output, manifest=manifest)
+                raise Interrupted.by(e, options.output,
+                                     e.state or interrupted_state(layout)) from None
     except stop.Stopped as e:
         raise Interrupted.by(e, options.output, state_before_writing(options.output)) \
             from None

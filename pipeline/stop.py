@@ -47,11 +47,13 @@ _writers = threading.Condition()  # guards _state["writers"]: in-process writes 
 
 
 class Stopped(BaseException):
-    """A signal stopped the job; `exit_status` is 128 + its number."""
+    """A signal stopped the job; `exit_status` is 128 + its number. ``state``,
+    when set, says what the output holds (a publish completed first)."""
 
-    def __init__(self, signum: int):
+    def __init__(self, signum: int, state: str = ""):
         super().__init__(signum)
         self.signum = int(signum)
+        self.state = state
 
     @property
     def name(self) -> str:
@@ -90,27 +92,26 @@ def writing() -> Iterator[None]:
             _writers.notify_all()
 
 
-def _raise_once() -> None:
-    if _state["signum"] > 0 and not _state["raised"]:
+def _raise_pending(state: str = "") -> None:
+    """Raises `Stopped` for a signal that came while raising was deferred."""
+    if _state["signum"] and not _state["raised"]:
         _state["raised"] = True
-        raise Stopped(_state["signum"])
+        raise Stopped(_state["signum"], state)
 
 
 def too_late() -> None:
-    """From here on signals are ignored: the job has published its dataset and
-    only releases its lock and reports."""
+    """From here on a signal is ignored: the job has published its dataset (or
+    found it there) and only releases its lock and reports."""
     _state["raised"] = True
-    if not _state["signum"]:
-        _state["signum"] = -1
 
 
 def _handle(signum, _frame) -> None:
-    if _state["signum"]:
-        return  # already stopping: the job is cleaning up
+    if _state["signum"] or _state["raised"]:
+        return  # already stopping (the job is cleaning up), or done
     _state["signum"] = signum
     requested.set()
     if not _state["deferring"]:
-        _raise_once()
+        _raise_pending()
 
 
 def _quiet_thread_errors(previous: Callable) -> Callable:
@@ -149,15 +150,26 @@ def handling_signals() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def deferred() -> Iterator[None]:
-    """A signal inside the block raises `Stopped` when the block ends, not before."""
+def deferred(state: str = "", last: bool = False) -> Iterator[None]:
+    """A signal inside the block raises `Stopped` (with ``state``) when the block
+    ends, not before. ``last``: once the block ends the job is done (`too_late`);
+    a signal up to that moment is still reported."""
     _state["deferring"] += 1
     try:
         yield
-    finally:
+    except BaseException:
         _state["deferring"] -= 1
+        raise
+    if last and _state["deferring"] == 1:
+        # The handler ignores signals from here on; one it recorded is reported.
+        was_raised, _state["raised"] = _state["raised"], True
+        _state["deferring"] -= 1
+        if _state["signum"] and not was_raised:
+            raise Stopped(_state["signum"], state)
+        return
+    _state["deferring"] -= 1
     if not _state["deferring"]:
-        _raise_once()
+        _raise_pending(state)
 
 
 def run_in_thread(work: Callable[[], T]) -> T:

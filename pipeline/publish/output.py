@@ -18,7 +18,7 @@ from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 import mnist_contract as contract
 
-from pipeline import stop, storage
+from pipeline import faults, stop, storage
 from pipeline.errors import (PipelineError, PipelineInputError, StorageError,
                              failure_summary)
 from pipeline.publish import journal, lock
@@ -28,6 +28,9 @@ TEMP_PREFIX = ".incomplete-"
 SHARD_LIST = "shards.json"
 NO_DATASET = "no dataset was there before"
 INTACT = "the earlier dataset there is intact"
+# What a signal during the publish leaves: it is completed first.
+COMPLETED_FIRST = ("the publish had begun and was completed first: the output holds "
+                   "the new dataset")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,6 +143,7 @@ def _roll_forward(output: str, overwrite: bool) -> Optional[journal.Plan]:
 
 def _prepare_locked(options, run_id: str, held: lock.OutputLock) -> OutputLayout:
     output, overwrite = options.output, options.overwrite
+    faults.point("locked")
     completed = _roll_forward(output, overwrite)
     if completed and completed.options == dataset_options(options):
         return OutputLayout(output, contract.join_path(output, TEMP_PREFIX + run_id),
@@ -290,7 +294,8 @@ def finalize(layout: OutputLayout, options) -> contract.Manifest:
 
     A storage failure ends in a `StorageError` that says what state the
     output is in: earlier dataset intact, or an interrupted publish that the
-    next run completes.
+    next run completes. A signal during the publish stops the job once the
+    publish is complete (`pipeline.stop.Stopped` with ``COMPLETED_FIRST``).
     """
     journal_written = False
     with _storage_failures(lambda summary: StorageError(
@@ -309,7 +314,9 @@ def finalize(layout: OutputLayout, options) -> contract.Manifest:
             [n for n in contract.TFDS_METADATA_FILES if n in metadata],
             metadata[contract.MANIFEST_FILE], dataset_options(options))
         journal_written = True  # from here on, the journal may exist
-        journal.publish(layout.output, plan)
+        # Once begun, the publish (seconds) is completed before a signal is acted on.
+        with stop.deferred(COMPLETED_FIRST, last=True):
+            journal.publish(layout.output, plan)
     for split, info in sorted(manifest.splits.items()):
         logging.debug("%s: %d examples in %d shard(s) of %s bytes -> %s", split,
                       info.num_examples, len(info.shards),
