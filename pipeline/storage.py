@@ -23,7 +23,9 @@ small in tests that stop the storage server on purpose.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import time
 from typing import Iterable
 
@@ -73,9 +75,30 @@ def _uncompressed():
     return CompressionTypes.UNCOMPRESSED
 
 
+class NotAFile(OSError):
+    """A local path that is a folder, FIFO, socket or device where a file should be."""
+
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"))
+
+
+def _check_is_file(path: str) -> None:
+    """Raises `NotAFile` unless ``path`` is a regular file: opening a FIFO would
+    wait for a writer forever, reading a folder fails deep inside a reader."""
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _KINDS if test(mode)), "of another kind")
+        raise NotAFile(errno.EINVAL, f"is {kind}, not a file", path)
+
+
 def open_read(path: str):
-    """A binary stream over ``path`` (local or gs://), read as stored (no decompression)."""
+    """A binary stream over ``path`` (local or gs://), read as stored (no decompression).
+
+    A local path that is not a regular file raises `NotAFile`.
+    """
     if not is_remote(path):
+        _check_is_file(path)
         return open(path, "rb")
     return _file_systems().open(path, mime_type=_MIME, compression_type=_uncompressed())
 

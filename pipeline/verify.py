@@ -151,9 +151,16 @@ def _help_text() -> str:
     return text[0].upper() + text[1:]
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """Usage errors as one line ``error: ...`` and exit status 2, as the job's."""
+
+    def error(self, message):
+        self.exit(console.BAD_INPUT, f"error: {message} (see --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m pipeline.verify",
+    parser = _OneLineParser(
+        prog="python -m pipeline.verify", allow_abbrev=False,
         usage="%(prog)s OUTPUT [--preview=FILE.png [--preview_count=N]]",
         description=_help_text(), formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Exit status: 0 verified, 1 a failure at run time, 2 bad arguments "
@@ -180,6 +187,13 @@ def main(argv=None) -> int:
     except (PipelineError, VerificationError) as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_status
+    except storage.NotAFile as e:  # a folder or FIFO where the dataset has a file
+        print(f"error: {e.filename}: {e.strerror}", file=sys.stderr)
+        return console.BAD_INPUT
+    except OSError as e:  # the storage refuses or fails
+        print(f"error: {e.filename or args.output}: cannot be read ({e.strerror or e})",
+              file=sys.stderr)
+        return console.FAILURE
     if collector is not None:
         try:
             preview.write(args.preview, preview.render(collector))

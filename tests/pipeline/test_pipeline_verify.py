@@ -1,6 +1,7 @@
 """`python -m pipeline.verify` passes a good dataset and names the file of each fault."""
 
 import json
+import os
 
 import pytest
 
@@ -74,3 +75,29 @@ def test_faults_are_named(dataset, capsys, fault, expected):
     assert main([str(dataset)]) == 2  # a damaged dataset: bad input
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and expected in err[0], err
+
+
+@pytest.mark.parametrize("where, kind", [
+    (SHARD, "directory"), (SHARD, "FIFO"), ("manifest.json", "directory"),
+    (".publish-journal.json", "directory")])
+def test_a_folder_or_fifo_where_a_file_belongs(dataset, capsys, where, kind):
+    """One line naming it, exit 2; a FIFO is not opened (that would wait forever)."""
+    path = dataset / where
+    if path.exists():
+        path.unlink()
+    if kind == "FIFO":
+        os.mkfifo(path)
+    else:
+        path.mkdir()
+    assert main([str(dataset)]) == 2
+    assert capsys.readouterr().err.splitlines() == [f"error: {path}: is a {kind}, not a file"]
+
+
+def test_abbreviated_flag_is_refused(dataset, capsys, tmp_path):
+    """``--prev`` is not ``--preview``: one line, exit 2, nothing drawn."""
+    with pytest.raises(SystemExit) as stopped:
+        main([str(dataset), f"--prev={tmp_path}/preview.png"])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: unrecognized arguments: --prev={tmp_path}/preview.png (see --help)"]
+    assert not (tmp_path / "preview.png").exists()
