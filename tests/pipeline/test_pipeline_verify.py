@@ -2,12 +2,16 @@
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
 
 from pipeline.verify import main
-from tests.helpers import run_job
+from tests.helpers import REPO, run_job
 
 
 @pytest.fixture
@@ -101,3 +105,24 @@ def test_abbreviated_flag_is_refused(dataset, capsys, tmp_path):
     assert capsys.readouterr().err.splitlines() == [
         f"error: unrecognized arguments: --prev={tmp_path}/preview.png (see --help)"]
     assert not (tmp_path / "preview.png").exists()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
+def test_a_signal_while_verifying_is_one_line(dataset, tmp_path, signum):
+    """Held before its second shard (`pipeline.faults`), verify gets the signal."""
+    gate = tmp_path / "gate"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.verify", str(dataset)], cwd=REPO,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PIPELINE_FAULT": f"wait@verify:{SHARD}",
+             "PIPELINE_FAULT_GATE": str(gate)})
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "gate.reached").exists() and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.02)
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signum, err
+    assert (out, err.splitlines()) == ("", [
+        f"error: python -m pipeline.verify: interrupted ({signum.name}) before the "
+        "dataset was verified"])
