@@ -7,9 +7,9 @@ Google's retries) neither wraps nor swallows it, and the job's own
 ``except Stopped`` blocks clean up and report.
 
 Beam's runner is the exception: it wraps whatever a DoFn raises (a
-KeyboardInterrupt became ``RuntimeError: KeyboardInterrupt [while running
+KeyboardInterrupt becomes ``RuntimeError: KeyboardInterrupt [while running
 ...]``), and under ``--direct_running_mode=multi_processing`` an interrupt
-while it started its workers left it waiting for them forever, the lock's
+while it starts its workers leaves it waiting for them forever, the lock's
 heartbeat still fresh. So the graph runs on a thread of its own
 (`run_in_thread`), started with these signals blocked: that thread, the
 threads it starts and the worker processes they spawn (which inherit the
