@@ -298,12 +298,12 @@ def test_run_local_runs_pipeline_then_trainer(tmp_path, loop):
                    check=True, env=env, capture_output=True, timeout=30)
     calls = [c for c in log.read_text().splitlines()
              if not c.startswith("TF_CPP")]
-    assert calls[0].split() == [
-        "-m", "pipeline", "--source=sample", f"--output={data}",
-        "--runner=DirectRunner", "--overwrite"]
-    assert calls[1].split() == [
-        "-m", "trainer", f"--data={data}", f"--model_dir={model}",
-        "--preset=cpu", f"--loop={loop}", "--epochs=20", "--epochs=1"]
+    trainer_flags = [f"--data={data}", f"--model_dir={model}", "--preset=cpu",
+                     f"--loop={loop}", "--epochs=20", "--epochs=1"]
+    assert calls[0].split() == ["scripts/check_trainer_flags.py", *trainer_flags]
+    assert calls[1].split() == [  # DATA is new: nothing to overwrite
+        "-m", "pipeline", "--source=sample", f"--output={data}", "--runner=DirectRunner"]
+    assert calls[2].split() == ["-m", "trainer", *trainer_flags]
     assert [p.name for p in model.iterdir()] == [".made-by-run_local"]  # a fresh run
     # unless RESUME=1
 
