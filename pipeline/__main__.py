@@ -12,20 +12,22 @@ import re
 import sys
 
 from mnist_common import console
-from pipeline import options
+from pipeline import options, stop
 from pipeline.errors import (Interrupted, PipelineError, PipelineInputError,
-                             failure_summary, is_interrupt)
+                             failure_summary)
 
 
 class _DropInputErrorTracebacks(logging.Filter):
     """Beam logs a worker's exception with its traceback before re-raising it.
 
-    For a PipelineInputError, or Ctrl-C, the user gets the one-line message instead.
+    For a PipelineInputError, or a signal, the user gets the one-line message
+    instead: once the job is stopping, what Beam and its workers log about
+    the workers it stopped is dropped (the job's own warnings still pass).
     """
 
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
-        if is_interrupt(exc):
+        if stop.requested.is_set() and (exc or record.name != "root"):
             return False
         if record.levelno >= logging.ERROR:  # a storage failure: one error line too
             if failure_summary(exc or RuntimeError(record.getMessage())):
@@ -51,12 +53,24 @@ def _print_error(error: Exception) -> int:
 
 
 def main(argv=None) -> int:
+    """Runs the command line; SIGINT, SIGTERM and SIGHUP stop it with one line
+    and exit status 128+N (`pipeline.stop`)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     _configure_logging()
+    with stop.handling_signals():
+        status = _main(argv)
+        if stop.requested.is_set():
+            stop.exit_at_once(status)
+    return status
+
+
+def _main(argv: list[str]) -> int:
     try:
         run_options = options.parse(argv)
     except (options.FlagError, PipelineError) as e:
         return _print_error(e)
+    except stop.Stopped as e:  # while Beam loads: the job had not started
+        return _print_error(Interrupted.by(e, "python -m pipeline", "nothing was written"))
     try:
         if run_options.source == "tfds":
             console.import_tensorflow_quietly()  # TFDS reads through TensorFlow
@@ -64,9 +78,8 @@ def main(argv=None) -> int:
             console.set_tensorflow_log_level()  # records are encoded without TensorFlow
         from pipeline import job
         result = job.run(run_options)
-    except KeyboardInterrupt:  # while importing Beam: the job had not started
-        return _print_error(Interrupted(f"{run_options.output}: interrupted (SIGINT); "
-                                        "nothing was written"))
+    except stop.Stopped as e:  # while loading the job: it had not started
+        return _print_error(Interrupted.by(e, run_options.output, "nothing was written"))
     except PipelineError as e:
         return _print_error(e)
     if result.nothing_left:

@@ -92,3 +92,40 @@ def direct_runner_without_prism():
     runner = SwitchingDirectRunner()
     runner.is_interactive()
     return runner
+
+
+class _SysWithWorkerCommand:
+    """`sys`, except ``executable``: what `worker_processes_ignore_stop_signals` sets."""
+
+    def __init__(self, real, executable: str):
+        self._real = real
+        self.executable = executable
+
+    def __getattr__(self, name: str):
+        return getattr(self._real, name)
+
+
+def worker_processes_ignore_stop_signals() -> None:
+    """Starts the local runner's worker processes (``--direct_running_mode=
+    multi_processing``) ignoring SIGINT, SIGTERM and SIGHUP.
+
+    A terminal's Ctrl-C reaches the whole process group: workers that took it
+    would print their own tracebacks; the job's driver stops them itself
+    (`pipeline.stop`). Blocking the signals in the thread that spawns them
+    does not reach them: dash, the ``/bin/sh`` that spawns them, unblocks
+    every signal when it starts. An ignored signal stays ignored across
+    ``exec``, and Python keeps SIGINT ignored when it starts that way.
+
+    Beam 2.77.0: `FnApiRunner.run_pipeline` builds that mode's worker command
+    as ``'%s -m apache_beam.runners.worker.sdk_worker_main' % sys.executable``,
+    reading ``sys`` through its module, and runs it with ``shell=True``. That
+    module's ``sys`` becomes a view of `sys` whose ``executable`` is ``trap ''
+    INT TERM HUP; exec PYTHON``. (Its one other use of ``sys.executable``
+    runs gprof2dot after ``--profile_cpu``, which the job does not use.)
+    """
+    import shlex
+    import sys
+    from apache_beam.runners.portability.fn_api_runner import fn_runner
+    if fn_runner.sys is sys:
+        fn_runner.sys = _SysWithWorkerCommand(
+            sys, f"trap '' INT TERM HUP; exec {shlex.quote(sys.executable)}")

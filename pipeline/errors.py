@@ -41,21 +41,17 @@ class StorageError(PipelineError):
 
 
 class Interrupted(PipelineError):
-    """Ctrl-C (SIGINT) stopped the job; the message says what the output holds."""
+    """A signal (SIGINT, SIGTERM, SIGHUP) stopped the job; the message says what
+    the output holds, the exit status is 128 + the signal's number."""
 
-    exit_status = console.INTERRUPTED
+    def __init__(self, message: str, exit_status: int = console.INTERRUPTED):
+        super().__init__(message)
+        self.exit_status = exit_status
 
-
-def is_interrupt(error: Optional[BaseException]) -> bool:
-    """Whether ``error`` is Ctrl-C as a runner passes it on: a KeyboardInterrupt
-    in the chain, or Beam's stand-in for one (``RuntimeError: KeyboardInterrupt
-    [while running 'STEP']``: it cannot re-create an exception without args)."""
-    seen = error
-    while seen is not None:
-        if isinstance(seen, KeyboardInterrupt) or str(seen).startswith("KeyboardInterrupt"):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
+    @classmethod
+    def by(cls, stopped, where: str, state: str) -> "Interrupted":
+        """For `pipeline.stop.Stopped` ``stopped``: ``where`` and what it holds."""
+        return cls(f"{where}: interrupted ({stopped.name}); {state}", stopped.exit_status)
 
 
 def as_pipeline_error(error: BaseException, output: str,

@@ -18,12 +18,11 @@ from apache_beam.metrics.metric import MetricsFilter
 
 import mnist_contract as contract
 
-from pipeline import _compat, progress, storage
-from pipeline.errors import (Interrupted, StorageError, as_pipeline_error,
-                             is_interrupt)
+from pipeline import _compat, progress, stop, storage
+from pipeline.errors import Interrupted, StorageError, as_pipeline_error
 from pipeline.options import Options
 from pipeline.publish.output import (OutputLayout, finalize, interrupted_state,
-                                     prepared_output, remove_temp)
+                                     prepared_output, remove_temp, state_before_writing)
 from pipeline.shard import sharding, transforms
 from pipeline.shard.config import SHARDS
 from pipeline.source.sources import announce
@@ -34,9 +33,11 @@ def _runner(name: str):
 
     Beam's DirectRunner would try to download and run Prism first
     (`pipeline._compat.direct_runner_without_prism`); the job's local runs
-    stay on the in-process runners its file shuffle is built for.
+    stay on the in-process runners its file shuffle is built for. Their
+    worker processes, if any, leave signals to the driver (`pipeline.stop`).
     """
     if name in ("DirectRunner", "SwitchingDirectRunner"):
+        _compat.worker_processes_ignore_stop_signals()  # the driver stops them
         return _compat.direct_runner_without_prism()
     return None
 
@@ -91,22 +92,26 @@ class JobResult:
 
 def run(options: Options) -> JobResult:
     """Runs the whole job, holding the output's lock from before it touches the
-    output until it ends, whatever happens."""
+    output until it ends, whatever happens.
+
+    A signal (`pipeline.stop`) ends it with `Interrupted`, saying what the
+    output holds: the temp folder is removed unless a publish journal needs it.
+    Once the dataset is published the job is done, and a signal is ignored.
+    """
     try:
         _check_input(options)
         with prepared_output(options, uuid.uuid4().hex[:12]) as layout:
             if layout.completed_run:
+                stop.too_late()
                 return JobResult(options.output, completed_run=layout.completed_run)
             try:
                 return JobResult(options.output, manifest=_write(options, layout))
-            except KeyboardInterrupt:
-                raise _interrupted(options, interrupted_state(layout)) from None
-    except KeyboardInterrupt:
-        raise _interrupted(options, "nothing was written") from None
-
-
-def _interrupted(options: Options, state: str) -> Interrupted:
-    return Interrupted(f"{options.output}: interrupted (SIGINT); {state}")
+            except stop.Stopped as e:
+                raise Interrupted.by(e, options.output,
+                                     e.state or interrupted_state(layout)) from None
+    except stop.Stopped as e:
+        raise Interrupted.by(e, options.output, state_before_writing(options.output)) \
+            from None
 
 
 def _check_input(options: Options) -> None:
@@ -147,8 +152,7 @@ def _run_beam(options: Options, layout: OutputLayout):
         _ = p | "Convert" >> transforms.convert(settings, options.shuffle_mode)
         with progress.ProgressLogger(layout.temp_dir,
                                      SHARDS.record_bytes(options.image_format)):
-            result = p.run()  # the local runners return only when done
-            state = result.wait_until_finish()
+            result, state = stop.run_in_thread(lambda: _run_to_end(p))
         if state != "DONE":
             raise RuntimeError(f"pipeline ended in state {state}")
     except Exception as e:  # the runner re-raises worker errors in many shapes
@@ -158,9 +162,13 @@ def _run_beam(options: Options, layout: OutputLayout):
                             layout.temp_dir)
         else:
             remove_temp(layout)
-        if known is None and is_interrupt(e):
-            raise KeyboardInterrupt from None  # `run` reports what the output holds
         if known is None:
             raise
         raise known from e
     return result
+
+
+def _run_to_end(p: beam.Pipeline):
+    """(result, final state) of running ``p``; the local runners return only when done."""
+    result = p.run()
+    return result, result.wait_until_finish()

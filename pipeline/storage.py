@@ -23,7 +23,10 @@ small in tests that stop the storage server on purpose.
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
+import time
 from typing import Iterable
 
 from mnist_contract import join_path
@@ -72,9 +75,30 @@ def _uncompressed():
     return CompressionTypes.UNCOMPRESSED
 
 
+class NotAFile(OSError):
+    """A local path that is a folder, FIFO, socket or device where a file should be."""
+
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"))
+
+
+def _check_is_file(path: str) -> None:
+    """Raises `NotAFile` unless ``path`` is a regular file: opening a FIFO would
+    wait for a writer forever, reading a folder fails deep inside a reader."""
+    mode = os.stat(path).st_mode
+    if not stat.S_ISREG(mode):
+        kind = next((name for test, name in _KINDS if test(mode)), "of another kind")
+        raise NotAFile(errno.EINVAL, f"is {kind}, not a file", path)
+
+
 def open_read(path: str):
-    """A binary stream over ``path`` (local or gs://), read as stored (no decompression)."""
+    """A binary stream over ``path`` (local or gs://), read as stored (no decompression).
+
+    A local path that is not a regular file raises `NotAFile`.
+    """
     if not is_remote(path):
+        _check_is_file(path)
         return open(path, "rb")
     return _file_systems().open(path, mime_type=_MIME, compression_type=_uncompressed())
 
@@ -151,12 +175,26 @@ def delete(paths: Iterable[str]) -> None:
         _file_systems().delete(paths)
 
 
-def delete_tree(directory: str) -> None:
-    """Removes a directory (local) or every object under a prefix (GCS)."""
+def delete_tree(directory: str, attempts: int = 5) -> None:
+    """Removes a directory (local) or every object under a prefix (GCS).
+
+    A local folder is removed again, up to ``attempts`` times 0.2 s apart,
+    while it is still there after a failure: a stopped job's in-process
+    workers may add a file before they notice the stop.
+    """
     if is_remote(directory):
         delete(list_dir(directory))
-    elif os.path.isdir(directory):
-        _file_systems().delete([directory])
+        return
+    for attempt in range(attempts):
+        if not os.path.isdir(directory):
+            return
+        try:
+            _file_systems().delete([directory])
+            return
+        except Exception:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.2)
 
 
 def rename(sources: list[str], destinations: list[str]) -> None:

@@ -24,7 +24,7 @@ from typing import BinaryIO, Callable, Optional
 
 import mnist_contract as contract
 from mnist_common import console
-from pipeline import credentials, preview, storage
+from pipeline import credentials, faults, preview, stop, storage
 from pipeline.errors import PipelineError
 
 # Records are decoded by `mnist_contract.wire`, and local files read without
@@ -101,6 +101,7 @@ def _verify_shard(path: str, shard: contract.ShardInfo, manifest: contract.Manif
                   on_record: Optional[Callable[[dict], None]]) -> list[int]:
     """Streams one shard: records decoded one by one, size and sha256 at the end."""
     from mnist_contract import framing, wire
+    faults.point(f"verify:{shard.file}")
     if not storage.exists(path):
         raise VerificationError(f"{path}: listed in the manifest but missing")
     indices = []
@@ -151,9 +152,16 @@ def _help_text() -> str:
     return text[0].upper() + text[1:]
 
 
+class _OneLineParser(argparse.ArgumentParser):
+    """Usage errors as one line ``error: ...`` and exit status 2, as the job's."""
+
+    def error(self, message):
+        self.exit(console.BAD_INPUT, f"error: {message} (see --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m pipeline.verify",
+    parser = _OneLineParser(
+        prog="python -m pipeline.verify", allow_abbrev=False,
         usage="%(prog)s OUTPUT [--preview=FILE.png [--preview_count=N]]",
         description=_help_text(), formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Exit status: 0 verified, 1 a failure at run time, 2 bad arguments "
@@ -169,6 +177,19 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    """Verifies; SIGINT, SIGTERM and SIGHUP end it with one line, exit 128+N
+    (`pipeline.stop`: nothing is left to clean up, the preview is written whole
+    or not at all)."""
+    with stop.handling_signals():
+        try:
+            return _main(argv)
+        except stop.Stopped as e:
+            print(f"error: python -m pipeline.verify: interrupted ({e.name}) before "
+                  "the dataset was verified", file=sys.stderr)
+            return e.exit_status
+
+
+def _main(argv) -> int:
     args = _parser().parse_args(argv)
     if args.preview_count < 1:
         print(f"error: --preview_count={args.preview_count}: must be >= 1", file=sys.stderr)
@@ -180,6 +201,13 @@ def main(argv=None) -> int:
     except (PipelineError, VerificationError) as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_status
+    except storage.NotAFile as e:  # a folder or FIFO where the dataset has a file
+        print(f"error: {e.filename}: {e.strerror}", file=sys.stderr)
+        return console.BAD_INPUT
+    except OSError as e:  # the storage refuses or fails
+        print(f"error: {e.filename or args.output}: cannot be read ({e.strerror or e})",
+              file=sys.stderr)
+        return console.FAILURE
     if collector is not None:
         try:
             preview.write(args.preview, preview.render(collector))

@@ -131,7 +131,22 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
                              "(offline machines)")
     parser.add_argument("--dry_run", action="store_true",
                         help="print the commands and exit")
-    return parser.parse_known_args(list(argv))
+    args, rest = parser.parse_known_args(list(argv))
+    _refuse_abbreviations(args, rest)
+    return args, rest
+
+
+def _refuse_abbreviations(args: argparse.Namespace, rest: Sequence[str]) -> None:
+    """An unknown flag that begins one of the launcher's (``--dry`` for
+    ``--dry_run``) would go to the pipeline while the launcher's flag stays
+    unset (and the job is submitted): refused, flags are spelled out."""
+    own = sorted(f"--{name}" for name in vars(args))
+    for arg in rest:
+        name = arg.split("=", 1)[0]
+        matches = [flag for flag in own if name.startswith("--") and flag.startswith(name)]
+        if matches:
+            raise lc.ConfigError(f"{name}: not a flag; flags are not abbreviated "
+                                 f"(did you mean {' or '.join(matches)}?)")
 
 
 def _required(value, names: Sequence[str], flag: str,
@@ -257,8 +272,8 @@ def execute(cfg: DataflowConfig, pyproject: Mapping) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args, rest = parse_args(sys.argv[1:] if argv is None else argv)
     try:
+        args, rest = parse_args(sys.argv[1:] if argv is None else argv)
         cfg = resolve_config(args, rest)
         pyproject = lc.load_pyproject()
         if args.dry_run:

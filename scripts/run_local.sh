@@ -30,7 +30,7 @@ usage: scripts/run_local.sh [trainer flags, e.g. --epochs=3 --global_batch_size=
 Environment (all optional):
 EOF
   setting PYTHON "interpreter with the project" ".venv (made by scripts/bootstrap.sh)"
-  setting DATA "shards (replaced each run)" "out/mnist"
+  setting DATA "shards" "out/mnist (replaced if made here)"
   setting LOOP "keras | custom" "keras"
   # shellcheck disable=SC2016  # the default as a formula: $LOOP stays literal
   setting MODEL_DIR "checkpoints, logs, export" 'runs/local-$LOOP (replaced if made here)'
@@ -55,28 +55,54 @@ case "$LOOP" in
   *) echo "error: LOOP must be keras or custom, got '$LOOP'" >&2; exit 2 ;;
 esac
 
-# A model dir is deleted only if this script made it: its marker file is in
-# it. Anything else (the checkout, a home folder, another run's results) is
-# refused. An empty folder is taken over as it is; a gs:// one is left alone.
+# The trainer's flags are checked before anything is replaced, by the
+# trainer's own parser (scripts/check_trainer_flags.py: no TensorFlow).
+TRAINER_FLAGS=(--data="$DATA" --model_dir="$MODEL_DIR" --preset=cpu --loop="$LOOP"
+  --epochs="$EPOCHS" "$@")
+if ! "$PYTHON" scripts/check_trainer_flags.py "${TRAINER_FLAGS[@]}"; then
+  exit 2
+fi
+
+# DATA and MODEL_DIR are replaced only if this script made them: its marker
+# file is in them. Anything else (the checkout, a home folder, another run's
+# results) is refused before anything changes. An empty folder is taken over
+# as it is; a gs:// one is left alone (DATA there: the pipeline refuses to
+# replace a dataset).
 MARKER=".made-by-run_local"
-if [[ "${RESUME:-0}" != 1 && -e "$MODEL_DIR" ]]; then
-  if [[ -d "$MODEL_DIR" && ! -L "$MODEL_DIR" && -f "$MODEL_DIR/$MARKER" ]]; then
-    rm -rf -- "$MODEL_DIR"
-  elif [[ ! -d "$MODEL_DIR" || -n "$(ls -A -- "$MODEL_DIR")" ]]; then
-    echo "error: MODEL_DIR=$MODEL_DIR: not a folder this script made (no $MARKER in" \
-      "it), so it is not deleted; remove it yourself, resume it with RESUME=1 or" \
-      "pick another MODEL_DIR" >&2
+made_here() {  # FOLDER: a local folder holding the marker
+  [[ -d "$1" && ! -L "$1" && -f "$1/$MARKER" ]]
+}
+refuse_unless_made_here() {  # NAME FOLDER HOW_TO_KEEP
+  if [[ "$2" != *://* && -e "$2" ]] && ! made_here "$2" &&
+    [[ ! -d "$2" || -n "$(ls -A -- "$2")" ]]; then
+    echo "error: $1=$2: not a folder this script made (no $MARKER in it), so it is" \
+      "not replaced; remove it yourself, $3 pick another $1" >&2
     exit 2
   fi
+}
+mark() {  # FOLDER: made here, if local and new or empty
+  if [[ "$1" != *://* ]] && [[ ! -e "$1" || -z "$(ls -A -- "$1")" ]]; then
+    mkdir -p -- "$1" && touch -- "$1/$MARKER"
+  fi
+}
+
+refuse_unless_made_here DATA "$DATA" "or"
+if [[ "${RESUME:-0}" != 1 ]]; then
+  refuse_unless_made_here MODEL_DIR "$MODEL_DIR" "resume it with RESUME=1 or"
+  if made_here "$MODEL_DIR"; then
+    rm -rf -- "$MODEL_DIR"
+  fi
 fi
-if [[ "$MODEL_DIR" != *://* ]] && [[ ! -e "$MODEL_DIR" || -z "$(ls -A -- "$MODEL_DIR")" ]]; then
-  mkdir -p -- "$MODEL_DIR" && touch -- "$MODEL_DIR/$MARKER"
+overwrite=()
+if made_here "$DATA"; then
+  overwrite=(--overwrite)
 fi
+mark "$DATA"
+mark "$MODEL_DIR"
 
 echo "== pipeline: offline sample -> $DATA" >&2
 "$PYTHON" -m pipeline --source=sample --output="$DATA" \
-  --runner=DirectRunner --overwrite
+  --runner=DirectRunner ${overwrite[@]+"${overwrite[@]}"}
 
 echo "== trainer: $DATA -> $MODEL_DIR (loop=$LOOP)" >&2
-"$PYTHON" -m trainer --data="$DATA" --model_dir="$MODEL_DIR" \
-  --preset=cpu --loop="$LOOP" --epochs="$EPOCHS" "$@"
+"$PYTHON" -m trainer "${TRAINER_FLAGS[@]}"

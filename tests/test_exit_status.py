@@ -1,7 +1,8 @@
 """One exit-status table for the four commands (README.md, "Exit status").
 
 Each command's rows, in-process. Rows whose case takes a long run are tested
-beside it: Ctrl-C 130 in the job (test_pipeline_interrupt.py), SIGTERM 143
+beside it: SIGINT 130, SIGTERM 143 and SIGHUP 129 in the job
+(test_pipeline_interrupt.py) and in verify (test_pipeline_verify.py), SIGTERM 143
 and SIGINT 130 in the trainer (test_trainer_preemption.py), storage failing
 during the job 1 (test_pipeline_storage_errors.py), a trainer run that
 cannot commit its export 1 and a successful run 0 (test_trainer_export_commit.py,

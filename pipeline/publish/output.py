@@ -18,7 +18,7 @@ from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 import mnist_contract as contract
 
-from pipeline import storage
+from pipeline import faults, stop, storage
 from pipeline.errors import (PipelineError, PipelineInputError, StorageError,
                              failure_summary)
 from pipeline.publish import journal, lock
@@ -28,6 +28,9 @@ TEMP_PREFIX = ".incomplete-"
 SHARD_LIST = "shards.json"
 NO_DATASET = "no dataset was there before"
 INTACT = "the earlier dataset there is intact"
+# What a signal during the publish leaves: it is completed first.
+COMPLETED_FIRST = ("the publish had begun and was completed first: the output holds "
+                   "the new dataset")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +55,8 @@ class OutputLayout:
 
     def release(self) -> None:
         if self.lock is not None:
-            self.lock.release()
+            with stop.deferred():
+                self.lock.release()
 
 
 @contextlib.contextmanager
@@ -96,23 +100,29 @@ def prepared_output(options, run_id: str) -> Iterator[OutputLayout]:
 
 
 def _prepare(options, run_id: str) -> OutputLayout:
-    """Locks the output and prepares it (`prepared_output`); on any failure
-    the lock is released again."""
-    output = options.output
+    """Locks the output and prepares it (`prepared_output`); on any failure,
+    a signal included, the lock is released again."""
+    held = None
+    try:
+        with stop.deferred():  # a lock file cut half-written would hold off later runs
+            held = _lock(options.output, run_id)
+        return _prepare_locked(options, run_id, held)
+    except BaseException:
+        if held is not None:
+            held.release()
+        raise
+
+
+def _lock(output: str, run_id: str) -> lock.OutputLock:
     try:
         storage.make_dirs(output)
-        held = lock.acquire(output, run_id)
+        return lock.acquire(output, run_id)
     except PipelineError:
         raise
     except Exception as e:  # unwritable, full or unreachable storage
         summary = failure_summary(e) or f"{type(e).__name__}: {e}"
         raise PipelineInputError(f"{output}: output is not writable ({summary}); "
                                  "nothing there was changed") from None
-    try:
-        return _prepare_locked(options, run_id, held)
-    except BaseException:
-        held.release()
-        raise
 
 
 def _roll_forward(output: str, overwrite: bool) -> Optional[journal.Plan]:
@@ -133,6 +143,7 @@ def _roll_forward(output: str, overwrite: bool) -> Optional[journal.Plan]:
 
 def _prepare_locked(options, run_id: str, held: lock.OutputLock) -> OutputLayout:
     output, overwrite = options.output, options.overwrite
+    faults.point("locked")
     completed = _roll_forward(output, overwrite)
     if completed and completed.options == dataset_options(options):
         return OutputLayout(output, contract.join_path(output, TEMP_PREFIX + run_id),
@@ -247,7 +258,8 @@ def _kept_splits(options, names: set[str]) -> dict[str, contract.SplitInfo]:
 def remove_temp(layout: OutputLayout) -> None:
     """Removes the run's temp folder, or warns naming what is left and its size."""
     try:
-        storage.delete_tree(layout.temp_dir)
+        with stop.deferred():
+            storage.delete_tree(layout.temp_dir)
     except Exception as e:
         logging.warning("Could not remove %s (%s): %s; the next run removes it",
                         layout.temp_dir, storage.tree_size(layout.temp_dir),
@@ -282,7 +294,8 @@ def finalize(layout: OutputLayout, options) -> contract.Manifest:
 
     A storage failure ends in a `StorageError` that says what state the
     output is in: earlier dataset intact, or an interrupted publish that the
-    next run completes.
+    next run completes. A signal during the publish stops the job once the
+    publish is complete (`pipeline.stop.Stopped` with ``COMPLETED_FIRST``).
     """
     journal_written = False
     with _storage_failures(lambda summary: StorageError(
@@ -301,7 +314,9 @@ def finalize(layout: OutputLayout, options) -> contract.Manifest:
             [n for n in contract.TFDS_METADATA_FILES if n in metadata],
             metadata[contract.MANIFEST_FILE], dataset_options(options))
         journal_written = True  # from here on, the journal may exist
-        journal.publish(layout.output, plan)
+        # Once begun, the publish (seconds) is completed before a signal is acted on.
+        with stop.deferred(COMPLETED_FIRST, last=True):
+            journal.publish(layout.output, plan)
     for split, info in sorted(manifest.splits.items()):
         logging.debug("%s: %d examples in %d shard(s) of %s bytes -> %s", split,
                       info.num_examples, len(info.shards),
@@ -331,6 +346,20 @@ def _stage_metadata(layout: OutputLayout, manifest: contract.Manifest,
     for name, data in metadata.items():
         storage.write_bytes(contract.join_path(layout.temp_dir, name), data)
     return metadata
+
+
+def state_before_writing(output: str) -> str:
+    """After a signal before the run's temp folder exists: what the output holds
+    (an interrupted publish this run was completing, or what was there)."""
+    path = journal.journal_path(output)
+    try:
+        pending = storage.exists(path)
+    except Exception:  # storage failing: say what is known
+        pending = False
+    if pending:
+        return (f"{path} is still there: an interrupted publish; rerun the job "
+                "to complete it")
+    return "nothing was written"
 
 
 def interrupted_state(layout: OutputLayout) -> str:

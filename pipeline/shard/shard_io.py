@@ -29,7 +29,7 @@ import google_crc32c
 import numpy as np
 
 from mnist_contract import framing
-from pipeline import storage
+from pipeline import stop, storage
 from pipeline.shard.batches import key_order
 from pipeline.shard.config import KEY_BYTES, SHARDS
 from pipeline.shard.overlap import InOrder
@@ -58,6 +58,7 @@ class ShardFileWriter:
             self.num_bytes += len(data)
 
     def _emit(self, data: bytes, last: bool = False) -> None:
+        stop.raise_if_requested()  # an in-process worker of a stopped job writes no more
         self._io.submit(self._store, data, last)
 
     def write(self, example: bytes) -> None:

@@ -51,7 +51,7 @@ import mnist_contract as contract
 from mnist_contract import framing
 from mnist_contract.sizes import FRAMING_BYTES
 
-from pipeline import storage
+from pipeline import stop, storage
 from pipeline.shard import sharding
 from pipeline.shard.batches import encode_batch, group_by_bucket
 from pipeline.shard.config import SHARDS, SPILL_DIR
@@ -150,6 +150,7 @@ class _SourceFn(beam.DoFn):
         read = Metrics.counter(COUNTER_NAMESPACE, f"{split}_examples_read")
         bits = s.bucket_bits(split)
         for batch in prefetched(s.source.read(split, task)):  # decoding beside encoding
+            stop.raise_if_requested()
             yield encode_batch(batch, s.salt, split, s.image_format, bits)
             read.inc(len(batch.indices))
 
@@ -188,18 +189,20 @@ class _SpillFn(_SourceFn):
     def process(self, element: ReadTask) -> Iterator[SpillRun]:
         split, task_index, task = element
         writes = InOrder()  # a chunk is written while the next one is encoded
-        try:
-            for chunk, (buckets, keys, examples) in enumerate(self._encoded_chunks(split, task)):
-                path = contract.join_path(self._settings.spill_dir(),
-                                          f"{split}-{task_index:06d}-{chunk:06d}")
-                framed = framing.frame_records(examples)
-                del examples
-                for spill in writes.submit(write_spill, path, buckets, keys, framed):
+        with stop.writing():
+            try:
+                for chunk, (buckets, keys, examples) in enumerate(
+                        self._encoded_chunks(split, task)):
+                    path = contract.join_path(self._settings.spill_dir(),
+                                              f"{split}-{task_index:06d}-{chunk:06d}")
+                    framed = framing.frame_records(examples)
+                    del examples
+                    for spill in writes.submit(write_spill, path, buckets, keys, framed):
+                        yield _spill_run(split, spill)
+                for spill in writes.wait_all():
                     yield _spill_run(split, spill)
-            for spill in writes.wait_all():
-                yield _spill_run(split, spill)
-        finally:
-            writes.close()
+            finally:
+                writes.close()
 
 
 def _spill_run(split: str, spill: SpillFile) -> SpillRun:
@@ -274,14 +277,15 @@ class _ShardWriterFn(beam.DoFn):
         """Writes records in key order under the shard's name: Example bytes, or
         (with ``blocks``) `merge_spill_ranges`'s blocks of framed records."""
         name = contract.shard_filename(split, shard, num_shards)
-        writer = ShardFileWriter(contract.join_path(self._settings.temp_dir, name),
-                                 self._settings.compression)
-        if blocks:
-            for framed, count in records:
-                writer.write_block(framed, count)
-        else:
-            writer.write_all(records)
-        info = writer.close()
+        with stop.writing():
+            writer = ShardFileWriter(contract.join_path(self._settings.temp_dir, name),
+                                     self._settings.compression)
+            if blocks:
+                for framed, count in records:
+                    writer.write_block(framed, count)
+            else:
+                writer.write_all(records)
+            info = writer.close()
         logging.debug("Wrote %s: %d examples, %d bytes", name, info["num_examples"],
                      info["num_bytes"])
         Metrics.counter(COUNTER_NAMESPACE, f"{split}_examples_written").inc(info["num_examples"])
@@ -365,8 +369,9 @@ class MergeSpillsIntoShards(beam.PTransform):
 
 def write_shard_list(infos: list[WrittenShard], path: str) -> str:
     storage.configure_gcs()
-    storage.write_bytes(path, json.dumps(sorted(infos, key=lambda i: i["file"]),
-                                         indent=1).encode())
+    with stop.writing():
+        storage.write_bytes(path, json.dumps(sorted(infos, key=lambda i: i["file"]),
+                                             indent=1).encode())
     return path
 
 

@@ -36,6 +36,17 @@ def test_unknown_flag_is_one_line_exit_2_and_nothing_written(tmp_path, capsys,
                  "--bogus_flag"])
 
 
+@pytest.mark.parametrize("abbreviation", ["--over", "--target_shard=5"])
+def test_abbreviated_flag_is_refused(tmp_path, capsys, abbreviation):
+    """``--over`` is not ``--overwrite``: flags are spelled out."""
+    out = tmp_path / "out"
+    assert main(["--source=sample", f"--output={out}", abbreviation]) == 2
+    lines, err = error_lines(capsys)
+    assert lines == [f"error: unknown flag(s) {abbreviation}: neither a job option nor "
+                     "a Beam option (see python -m pipeline --help)"], err
+    assert not out.exists()
+
+
 def test_unknown_runner_is_one_line(tmp_path, capsys):
     assert main(["--source=sample", f"--output={tmp_path}/out", "--runner=NoSuchRunner"]) == 2
     lines, err = error_lines(capsys)

@@ -1,6 +1,9 @@
 """The sources (`pipeline.source.sources`): synthetic, the offline sample, IDX over HTTP(S)."""
 
 import http.server
+import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -9,6 +12,7 @@ import pytest
 from pipeline.errors import PipelineInputError
 from pipeline.source import sources
 from pipeline.source.download import fetch
+from tests.helpers import REPO
 
 
 def test_synthetic_is_deterministic_and_task_partitioned():
@@ -56,3 +60,19 @@ def test_https_source_downloads_once_into_cache(tmp_path, idx_dir, digits):
     np.testing.assert_array_equal(batch.images, digits["test"][0])
     with pytest.raises(PipelineInputError, match="download failed"):
         fetch(url + "missing.gz", str(tmp_path / "cache"), timeout_s=2)
+
+
+@pytest.mark.parametrize("kind", ["FIFO", "directory"])
+def test_an_idx_file_that_is_not_a_file_is_one_line(idx_dir, tmp_path, kind):
+    """A FIFO is refused, not opened: opening it would wait for a writer forever."""
+    path = idx_dir / "train-labels-idx1-ubyte.gz"
+    path.unlink()
+    os.mkfifo(path) if kind == "FIFO" else path.mkdir()
+    result = subprocess.run(
+        [sys.executable, "-m", "pipeline", f"--source={idx_dir}",
+         f"--output={tmp_path}/out", "--runner=DirectRunner"],
+        cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"error: {path}: cannot read source file ([Errno 22] is a {kind}, not a file: "
+        f"'{path}')")

@@ -1,12 +1,17 @@
 """`python -m pipeline.verify` passes a good dataset and names the file of each fault."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
 
 from pipeline.verify import main
-from tests.helpers import run_job
+from tests.helpers import REPO, run_job
 
 
 @pytest.fixture
@@ -74,3 +79,53 @@ def test_faults_are_named(dataset, capsys, fault, expected):
     assert main([str(dataset)]) == 2  # a damaged dataset: bad input
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and expected in err[0], err
+
+
+@pytest.mark.parametrize("where, kind", [
+    (SHARD, "directory"), (SHARD, "FIFO"), ("manifest.json", "directory"),
+    (".publish-journal.json", "directory")])
+def test_a_folder_or_fifo_where_a_file_belongs(dataset, where, kind):
+    """One line naming it, exit 2; a FIFO is not opened (that would wait forever,
+    hence a process with a timeout)."""
+    path = dataset / where
+    if path.exists():
+        path.unlink()
+    if kind == "FIFO":
+        os.mkfifo(path)
+    else:
+        path.mkdir()
+    result = subprocess.run([sys.executable, "-m", "pipeline.verify", str(dataset)],
+                            cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.splitlines() == [f"error: {path}: is a {kind}, not a file"]
+
+
+def test_abbreviated_flag_is_refused(dataset, capsys, tmp_path):
+    """``--prev`` is not ``--preview``: one line, exit 2, nothing drawn."""
+    with pytest.raises(SystemExit) as stopped:
+        main([str(dataset), f"--prev={tmp_path}/preview.png"])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: unrecognized arguments: --prev={tmp_path}/preview.png (see --help)"]
+    assert not (tmp_path / "preview.png").exists()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
+def test_a_signal_while_verifying_is_one_line(dataset, tmp_path, signum):
+    """Held before its second shard (`pipeline.faults`), verify gets the signal."""
+    gate = tmp_path / "gate"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pipeline.verify", str(dataset)], cwd=REPO,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PIPELINE_FAULT": f"wait@verify:{SHARD}",
+             "PIPELINE_FAULT_GATE": str(gate)})
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "gate.reached").exists() and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.02)
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signum, err
+    assert (out, err.splitlines()) == ("", [
+        f"error: python -m pipeline.verify: interrupted ({signum.name}) before the "
+        "dataset was verified"])

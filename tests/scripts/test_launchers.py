@@ -240,6 +240,22 @@ def test_dataflow_invalid_setting_is_a_clear_error(bad, message):
     assert proc.stderr.startswith("error: " + message)
 
 
+@pytest.mark.parametrize("abbreviation", ["--dry", "--max_num=3"])
+def test_dataflow_abbreviated_flag_is_refused_before_anything_runs(tmp_path, abbreviation):
+    """``--dry`` is not ``--dry_run``: passed on to the pipeline it would leave the
+    launcher building and submitting the job."""
+    python = fake_program(tmp_path / "python", f'echo "$@" >> {tmp_path}/calls\n')
+    dist = tmp_path / "dist"
+    proc = run_script("launch_dataflow.py", *DF_ARGS, f"--python={python}",
+                      f"--dist_dir={dist}", abbreviation)
+    assert proc.returncode == 2, proc.stderr
+    name = abbreviation.split("=")[0]
+    assert proc.stderr.splitlines() == [
+        f"error: {name}: not a flag; flags are not abbreviated (did you mean "
+        f"{'--dry_run' if name == '--dry' else '--max_num_workers'}?)"]
+    assert not (tmp_path / "calls").exists() and not dist.exists()
+
+
 # ------------------------------------------------------------ shell scripts
 
 def _shellcheck() -> str:
@@ -282,12 +298,12 @@ def test_run_local_runs_pipeline_then_trainer(tmp_path, loop):
                    check=True, env=env, capture_output=True, timeout=30)
     calls = [c for c in log.read_text().splitlines()
              if not c.startswith("TF_CPP")]
-    assert calls[0].split() == [
-        "-m", "pipeline", "--source=sample", f"--output={data}",
-        "--runner=DirectRunner", "--overwrite"]
-    assert calls[1].split() == [
-        "-m", "trainer", f"--data={data}", f"--model_dir={model}",
-        "--preset=cpu", f"--loop={loop}", "--epochs=20", "--epochs=1"]
+    trainer_flags = [f"--data={data}", f"--model_dir={model}", "--preset=cpu",
+                     f"--loop={loop}", "--epochs=20", "--epochs=1"]
+    assert calls[0].split() == ["scripts/check_trainer_flags.py", *trainer_flags]
+    assert calls[1].split() == [  # DATA is new: nothing to overwrite
+        "-m", "pipeline", "--source=sample", f"--output={data}", "--runner=DirectRunner"]
+    assert calls[2].split() == ["-m", "trainer", *trainer_flags]
     assert [p.name for p in model.iterdir()] == [".made-by-run_local"]  # a fresh run
     # unless RESUME=1
 

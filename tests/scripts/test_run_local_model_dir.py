@@ -5,55 +5,21 @@ to a stand-in that records its arguments, so no pipeline or trainer runs:
 only the script's own decision about MODEL_DIR is under test. A folder with
 a file in it, the checkout itself and a home folder are refused with one
 line and left as they were; a folder the script made (its marker file) is
-replaced. (DATA the script only hands to ``python -m pipeline --overwrite``,
-which replaces dataset files and nothing else there.)
+replaced. (DATA: test_run_local_data.py.)
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-
 import pytest
 
-from tests.helpers import REPO
-
-MARKER = ".made-by-run_local"
-
-
-@pytest.fixture
-def checkout(tmp_path):
-    repo = tmp_path / "repo"
-    (repo / "scripts").mkdir(parents=True)
-    for name in ("run_local.sh", "bootstrap.sh"):
-        shutil.copy(REPO / "scripts" / name, repo / "scripts" / name)
-    (repo / "untracked.txt").write_text("work in progress")
-    stand_in = tmp_path / "python"
-    stand_in.write_text('#!/bin/sh\necho "$@" >> "$(dirname "$0")/calls"\n')
-    stand_in.chmod(0o755)
-    return repo
-
-
-def run_local(checkout, model_dir, **env) -> subprocess.CompletedProcess:
-    environ = dict(os.environ, PYTHON=str(checkout.parent / "python"),
-                   DATA=str(checkout.parent / "data"), **env)
-    if model_dir is not None:
-        environ["MODEL_DIR"] = str(model_dir)
-    return subprocess.run(["bash", str(checkout / "scripts" / "run_local.sh")],
-                          env=environ, capture_output=True, text=True, timeout=60)
-
-
-def tree(folder) -> dict:
-    return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None
-            for p in sorted(folder.rglob("*"))}
+from tests.scripts.run_local_helpers import MARKER, calls, run_local, tree
 
 
 def refused(result, model_dir) -> None:
     assert result.returncode == 2, result.stderr
     assert result.stderr.splitlines() == [
         f"error: MODEL_DIR={model_dir}: not a folder this script made (no {MARKER} in it), "
-        "so it is not deleted; remove it yourself, resume it with RESUME=1 or pick "
+        "so it is not replaced; remove it yourself, resume it with RESUME=1 or pick "
         "another MODEL_DIR"]
 
 
@@ -72,8 +38,9 @@ def test_a_folder_it_did_not_make_is_refused_and_kept(checkout, tmp_path, which)
     before = tree(tmp_path)
     result = run_local(checkout, model_dir, HOME=str(tmp_path / "home"))
     refused(result, model_dir)
-    assert tree(tmp_path) == before
-    assert not (tmp_path / "calls").exists()  # neither pipeline nor trainer ran
+    assert {k: v for k, v in tree(tmp_path).items() if k != "calls"} == before
+    assert [c.split()[0] for c in calls(tmp_path)] == [
+        "scripts/check_trainer_flags.py"]  # neither pipeline nor trainer ran
 
 
 def test_a_folder_it_made_is_replaced(checkout, tmp_path):
@@ -86,8 +53,9 @@ def test_a_folder_it_made_is_replaced(checkout, tmp_path):
     second = run_local(checkout, model_dir)
     assert second.returncode == 0, second.stderr
     assert sorted(p.name for p in model_dir.iterdir()) == [MARKER]
-    calls = (tmp_path / "calls").read_text().splitlines()
-    assert len(calls) == 4 and f"--model_dir={model_dir}" in calls[1]
+    # Each run: the trainer's flags checked, the pipeline, the trainer.
+    made = calls(tmp_path)
+    assert len(made) == 6 and f"--model_dir={model_dir}" in made[2]
 
 
 def test_the_default_model_dir_and_resume(checkout, tmp_path):

@@ -1,0 +1,264 @@
+"""Stopping the job on SIGINT, SIGTERM or SIGHUP: one line, exit 128+N, lock and temp gone.
+
+Python runs signal handlers in the main thread, between two bytecodes of
+whatever code runs there. So the handler raises `Stopped`, which derives from
+BaseException: library code that catches ``Exception`` (Beam's file systems,
+Google's retries) neither wraps nor swallows it, and the job's own
+``except Stopped`` blocks clean up and report.
+
+Beam's runner is the exception: it wraps whatever a DoFn raises (a
+KeyboardInterrupt becomes ``RuntimeError: KeyboardInterrupt [while running
+...]``), and under ``--direct_running_mode=multi_processing`` an interrupt
+while it starts its workers leaves it waiting for them forever, the lock's
+heartbeat still fresh. So the graph runs on a thread of its own
+(`run_in_thread`), started with these signals blocked: that thread, the
+threads it starts and the worker processes they spawn (which inherit the
+blocked mask) never receive them, even when a terminal's Ctrl-C reaches the
+whole process group. On a stop the main thread sets `requested` (in-process
+workers stop at their next batch, `raise_if_requested`), kills the worker
+processes and waits a bounded time for the run's thread.
+
+A step that must not be cut in the middle (taking or releasing the lock,
+removing the temp folder) runs inside `deferred`: a signal there is acted on
+when the step ends. Signals after the first are ignored: the job is already
+cleaning up, which takes seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Callable, Iterator, TypeVar
+
+from mnist_common import console
+
+T = TypeVar("T")
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# How long a stopped run's thread gets to end after its workers were told to stop.
+HALT_WAIT_S = 20.0
+
+requested = threading.Event()  # set by the first signal, read by in-process workers
+_state = {"signum": 0, "raised": False, "deferring": 0, "writers": 0}
+_writers = threading.Condition()  # guards _state["writers"]: in-process writes under way
+
+
+class Stopped(BaseException):
+    """A signal stopped the job; `exit_status` is 128 + its number. ``state``,
+    when set, says what the output holds (a publish completed first)."""
+
+    def __init__(self, signum: int, state: str = ""):
+        super().__init__(signum)
+        self.signum = int(signum)
+        self.state = state
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
+
+    @property
+    def exit_status(self) -> int:
+        return console.stopped_by(self.signum)
+
+
+class StopRequested(Exception):
+    """Raised inside an in-process Beam worker once the job is stopping; the
+    runner may wrap it as it likes: the main thread already knows why."""
+
+
+def raise_if_requested() -> None:
+    """Called by the job's DoFns between batches: ends an in-process worker's
+    bundle once a signal stopped the job."""
+    if requested.is_set():
+        raise StopRequested("the job is stopping")
+
+
+@contextlib.contextmanager
+def writing() -> Iterator[None]:
+    """Wraps a DoFn's writes into the temp folder: refused once the job is
+    stopping, and `_halt` waits for those under way, so the temp folder is
+    removed after the last of them (a write would create it again)."""
+    with _writers:
+        raise_if_requested()
+        _state["writers"] += 1
+    try:
+        yield
+    finally:
+        with _writers:
+            _state["writers"] -= 1
+            _writers.notify_all()
+
+
+def _raise_pending(state: str = "") -> None:
+    """Raises `Stopped` for a signal that came while raising was deferred."""
+    if _state["signum"] and not _state["raised"]:
+        _state["raised"] = True
+        raise Stopped(_state["signum"], state)
+
+
+def too_late() -> None:
+    """From here on a signal is ignored: the job has published its dataset (or
+    found it there) and only releases its lock and reports."""
+    _state["raised"] = True
+
+
+def _handle(signum, _frame) -> None:
+    if _state["signum"] or _state["raised"]:
+        return  # already stopping (the job is cleaning up), or done
+    _state["signum"] = signum
+    requested.set()
+    if not _state["deferring"]:
+        _raise_pending()
+
+
+def _quiet_thread_errors(previous: Callable) -> Callable:
+    """A `threading.excepthook` that drops the errors of Beam's threads once
+    the job is stopping (its workers were killed on purpose)."""
+    def hook(args) -> None:
+        if not requested.is_set():
+            previous(args)
+    return hook
+
+
+@contextlib.contextmanager
+def handling_signals() -> Iterator[None]:
+    """Inside the block the signals raise `Stopped` (see the module docstring).
+
+    Outside the main thread nothing changes. A signal the process was started
+    ignoring stays ignored (``nohup`` ignores SIGHUP; a script's ``cmd &``
+    ignores SIGINT).
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.getsignal(s) for s in SIGNALS}
+    for s in SIGNALS:
+        if previous[s] is not signal.SIG_IGN:
+            signal.signal(s, _handle)
+    hook, threading.excepthook = threading.excepthook, _quiet_thread_errors(threading.excepthook)
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        threading.excepthook = hook
+        requested.clear()
+        _state.update(signum=0, raised=False, deferring=0)
+
+
+@contextlib.contextmanager
+def deferred(state: str = "", last: bool = False) -> Iterator[None]:
+    """A signal inside the block raises `Stopped` (with ``state``) when the block
+    ends, not before. ``last``: once the block ends the job is done (`too_late`);
+    a signal up to that moment is still reported."""
+    _state["deferring"] += 1
+    try:
+        yield
+    except BaseException:
+        _state["deferring"] -= 1
+        raise
+    if last and _state["deferring"] == 1:
+        # The handler ignores signals from here on; one it recorded is reported.
+        was_raised, _state["raised"] = _state["raised"], True
+        _state["deferring"] -= 1
+        if _state["signum"] and not was_raised:
+            raise Stopped(_state["signum"], state)
+        return
+    _state["deferring"] -= 1
+    if not _state["deferring"]:
+        _raise_pending(state)
+
+
+def run_in_thread(work: Callable[[], T]) -> T:
+    """``work()`` on a thread that never receives the stop signals; its result or error.
+
+    If a signal stops the job meanwhile, the workers are halted (`_halt`) and
+    `Stopped` propagates.
+    """
+    box: dict = {}
+
+    def target() -> None:
+        try:
+            box["result"] = work()
+        except BaseException as e:  # handed to the caller
+            box["error"] = e
+
+    thread = threading.Thread(target=target, name="beam-run", daemon=True)
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    try:
+        thread.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    try:
+        while thread.is_alive():
+            thread.join(0.5)
+    except Stopped:
+        _halt(thread)
+        raise
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
+def _halt(thread: threading.Thread) -> None:
+    """Stops the run's workers: in-process ones at their next batch, worker
+    processes at once (SIGKILL); waits up to `HALT_WAIT_S` for ``thread`` and
+    the in-process writes under way (`writing`)."""
+    requested.set()
+    for pid in descendants(os.getpid()):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    deadline = time.monotonic() + HALT_WAIT_S
+    thread.join(HALT_WAIT_S)
+    with _writers:
+        _writers.wait_for(lambda: not _state["writers"],
+                          max(0.0, deadline - time.monotonic()))
+
+
+def descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (children, their children...), from /proc
+    or, where there is none, ``ps``."""
+    parents = _parent_table()
+    found, frontier = [], [pid]
+    while frontier:
+        children = [child for child, parent in parents.items() if parent in frontier]
+        found.extend(children)
+        frontier = children
+    return found
+
+
+def _parent_table() -> dict[int, int]:
+    """{pid: parent pid} of every process this user can see."""
+    table = {}
+    if os.path.isdir("/proc"):
+        for name in os.listdir("/proc"):
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+                table[int(name)] = int(fields[1])
+            except (ValueError, OSError, IndexError):
+                continue  # not a process, or gone meanwhile
+        return table
+    import subprocess
+    listing = subprocess.run(["ps", "-A", "-o", "pid=", "-o", "ppid="],
+                             capture_output=True, text=True, check=False).stdout
+    for line in listing.splitlines():
+        pid, ppid = line.split()
+        table[int(pid)] = int(ppid)
+    return table
+
+
+def exit_at_once(status: int) -> None:
+    """Ends the stopped process with ``status`` once its output is flushed.
+
+    Threads a stopped Beam run leaves behind would otherwise be joined at
+    exit (or keep logging while the interpreter shuts down).
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
