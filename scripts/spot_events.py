@@ -52,6 +52,8 @@ class Standing:
     vm_hosts: hosts of the VM that exists; dead_hosts: hosts of deleted VMs.
     step_at_loss: the last step seen before the loss being recovered;
     redo: steps trained again after each preemption (None: not seen).
+    trained_here: a trainer was started on the VM that exists; announced:
+    the recoveries whose new trainer has started.
     """
     recoveries: int = 0
     lost_noted: bool = False
@@ -62,6 +64,8 @@ class Standing:
     step_at_loss: int | None = None
     awaiting_resume: bool = False
     redo: list = dataclasses.field(default_factory=list)
+    trained_here: bool = False
+    announced: int = 0
 
     def apply(self, record: dict) -> None:
         """Replays one journal event."""
@@ -69,16 +73,18 @@ class Standing:
         if event == "preempted":
             self.recoveries = int(record.get("recovery", self.recoveries + 1))
             self.lost_noted, self.step_at_loss = True, record.get("step")
-            self.awaiting_resume = True
-            self.redo.append(None)
+            self.awaiting_resume = record.get("redo") is None
+            self.redo.append(record.get("redo"))
         elif event == "deleted":
             self.dead_hosts |= self.vm_hosts
             self.vm_hosts = set()
         elif event == "created":
-            self.lost_noted = False
-        elif event == "training":
-            self.vm_hosts = set(record.get("hosts", ()))
+            self.lost_noted = self.trained_here = False
+        elif event in ("training", "recovered"):
+            self.trained_here = True
+            self.vm_hosts = set(record.get("hosts", self.vm_hosts))
             self.last_step = record.get("step", self.last_step)
+            self.announced = record.get("recovery", self.announced)
         elif event == "resumed" and self.redo:
             self.redo[-1] = record.get("redo")
             self.awaiting_resume = False

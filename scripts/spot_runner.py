@@ -123,7 +123,9 @@ class SpotRun:
         trainer, progress = self.cloud.trainer()
         if trainer.state == sd.UNREACHABLE:
             self._failed()
-        elif progress:
+        elif trainer.state != "not started":
+            self.s.trained_here = True
+        if progress:
             self._note_progress(progress)
         return vm, trainer
 
@@ -156,7 +158,7 @@ class SpotRun:
         what = "queued resource" if self.cfg.queued else "spot VM" if self.cfg.spot else "VM"
         if rc == 0:
             self._answered()
-            self.setup_rc, self.s.lost_noted = None, False
+            self.setup_rc, self.s.lost_noted, self.s.trained_here = None, False, False
             self.events.emit("created", f"{self.cfg.name}: {what} "
                              f"{self.cfg.accelerator_type} in {self.cfg.zone}", vm=self.cfg.name)
             return
@@ -186,13 +188,15 @@ class SpotRun:
             self._started()
         elif rc == sd.EXIT_LOST:
             self._failed()
-            self.events.emit("ssh failed", f"{self.cfg.name}: {last_line(err + out)}")
+            self.events.emit("ssh failed", f"{self.cfg.name}: {last_line(err or out)}")
             self.sleep(sd.backoff(self.failures, self.cfg.poll_seconds))
         else:
             print(f"{(err + out).strip()[-3000:]}", file=sys.stderr)
 
     def _started(self) -> None:
-        if self.s.awaiting_resume:
+        self.s.trained_here = True
+        if self.s.recoveries > self.s.announced:
+            self.s.announced = self.s.recoveries
             self.events.emit("recovered", f"{self.cfg.name}: training again "
                              f"({self.s.recoveries} of {self.cfg.max_recoveries})",
                              recovery=self.s.recoveries)
@@ -202,15 +206,18 @@ class SpotRun:
 
     def _recover(self, decision: sd.Decision) -> None:
         """Deletes the lost VM and waits until it is gone; the next round
-        creates the new one."""
+        creates the new one. A VM lost before its trainer started cost no
+        steps; otherwise the new trainer's resume step tells how many."""
         if not self.s.lost_noted:
             self.s.recoveries += 1
             self.s.lost_noted, self.s.step_at_loss = True, self.s.last_step
-            self.s.awaiting_resume = True
-            self.s.redo.append(None)
-            step = "?" if self.s.last_step is None else self.s.last_step
+            self.s.awaiting_resume = self.s.trained_here
+            redo = None if self.s.trained_here else 0
+            self.s.redo.append(redo)
+            where = (f"at step {'?' if self.s.last_step is None else self.s.last_step}"
+                     if self.s.trained_here else "before its trainer started")
             self.events.emit("preempted", f"{self.cfg.name}: {decision.why}; preempted "
-                             f"at step {step}", step=self.s.last_step,
+                             f"{where}", step=self.s.last_step, redo=redo,
                              recovery=self.s.recoveries)
         self._remove()
 

@@ -240,7 +240,10 @@ def train_script(cfg: TpuConfig, dead_hosts: Sequence[str] = ()) -> str:
 
     The trainer runs in a subshell that ignores SIGHUP (what ``nohup``
     does), reads /dev/null and writes ``train.log``, so neither the end of
-    this ssh session nor a dropped connection reaches it. The subshell's
+    this ssh session nor a dropped connection reaches it. The subshell
+    outlives a SIGTERM to every process (a preemption notice) by trapping
+    it, so it still records the status of the trainer, which saves and
+    exits 143 (a trap, unlike an ignored signal, is not inherited). The subshell's
     pid goes to ``train.pid`` before this script returns; when the trainer
     ends, the subshell writes its status to ``train.exit`` (renamed into
     place, so a reader never sees it half written). A host where a trainer
@@ -260,7 +263,7 @@ def train_script(cfg: TpuConfig, dead_hosts: Sequence[str] = ()) -> str:
         '$(cat train.pid); see the logs step" >&2; exit 1; fi',
         "rm -f train.pid train.exit train.exit.tmp",
         "if [ -f train.log ]; then mv train.log train.log.prev; fi",
-        '( trap "" HUP; ' + prefix + shlex.join(trainer_command(cfg))
+        '( trap "" HUP; trap : TERM; ' + prefix + shlex.join(trainer_command(cfg))
         + '; echo $? > train.exit.tmp && mv train.exit.tmp train.exit )'
         " < /dev/null > train.log 2>&1 & echo $! > train.pid",
         'echo "trainer started on $(hostname), pid $(cat train.pid), log '
