@@ -111,20 +111,23 @@ class SpotRun:
     # ------------------------------------------------------------ observe
 
     def _observe(self) -> tuple[str, sd.Trainer]:
+        """The VM's state and, when it is READY, its trainer's; a failed
+        describe or status check counts toward ``--retry_seconds``."""
         vm = self.cloud.vm_state()
         if vm == sd.UNKNOWN:
             self._failed()
             return vm, sd.Trainer(sd.UNASKED)
-        self._answered()
         if vm not in (sd.GONE, "DELETING"):
             self.had_vm = True
         if vm != sd.READY:
+            self._answered()
             return vm, sd.Trainer(sd.UNASKED)
         trainer, progress = self.cloud.trainer()
         if trainer.state == sd.UNREACHABLE:
             self._failed()
-        elif trainer.state != "not started":
-            self.s.trained_here = True
+            return vm, trainer
+        self._answered()
+        self.s.trained_here |= trainer.state != "not started"
         if progress:
             self._note_progress(progress)
         return vm, trainer

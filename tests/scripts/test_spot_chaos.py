@@ -22,27 +22,10 @@ import numpy as np
 import pytest
 
 from tests.helpers import EMULATOR_BUCKET, REPO
-from tests.scripts.spot_helpers import (NAME, TOTAL_STEPS, TRAINER_ARGS, Chaos, World,
-                                        random_schedule, write_dataset_to_bucket)
+from tests.scripts.spot_helpers import (TOTAL_STEPS, TRAINER_ARGS, Chaos, World,
+                                        random_schedule)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-
-
-@pytest.fixture(scope="module")
-def spot_data(gcs_tls_server, tmp_path_factory):
-    return write_dataset_to_bucket(gcs_tls_server, "spot-data",
-                                   tmp_path_factory.mktemp("spot-data"))
-
-
-@pytest.fixture
-def world(tmp_path, gcs_tls_server, spot_data):
-    """A fake cloud on the session's GCS server. Not the ``gcs_tls``
-    fixture: a trainer killed mid-upload leaves the server a broken pipe,
-    which is all `World.server_faults` lets through."""
-    world = World(tmp_path, gcs_tls_server, spot_data)
-    yield world
-    world.cleanup()
-    assert world.server_faults() == []
 
 
 def uninterrupted(world: World, label: str) -> threading.Thread:
