@@ -191,22 +191,9 @@ def default_runtime_version(accelerator_type: str) -> str:
     return BASE_IMAGES[family]
 
 
-def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
-    common = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    common.add_argument("--name", help="TPU VM name")
-    common.add_argument("--zone", help="e.g. us-central2-b")
-    common.add_argument("--project")
-    common.add_argument("--accelerator_type", help="e.g. v4-8, v5litepod-8")
-    common.add_argument("--runtime_version",
-                        help="TPU software version (default: see above)")
-    common.add_argument("--tensorflow", default=None,
-                        help=f"pip requirement for TPU TensorFlow, or "
-                             f"'{PREINSTALLED}' (default: {DEFAULT_TENSORFLOW}"
-                             f" on OS images, {PREINSTALLED} on tpu-vm-tf-*)")
-    common.add_argument("--libtpu",
-                        help=f"libtpu pip requirement (default with "
-                             f"{DEFAULT_TENSORFLOW}: {DEFAULT_LIBTPU})")
-    common.add_argument("--spot", action="store_true", help="Spot TPU VM")
+def _add_run_flags(common: argparse.ArgumentParser) -> None:
+    """The flags of ``run`` (scripts/spot_runner.py), and ``create``'s kind of VM."""
+    common.add_argument("--spot", action="store_true", help="create/run: a Spot TPU VM")
     common.add_argument("--queued", action="store_true",
                         help="create/run: a queued resource, which waits for "
                              "capacity instead of failing")
@@ -223,12 +210,29 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     common.add_argument("--retry_seconds", type=float, default=900.0,
                         help="run: give up (exit 255) after calls to the "
                              "cloud failed for this long")
+
+
+def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    common = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    common.add_argument("--name", help="TPU VM name")
+    common.add_argument("--zone", help="e.g. us-central2-b")
+    common.add_argument("--project")
+    common.add_argument("--accelerator_type", help="e.g. v4-8, v5litepod-8")
+    common.add_argument("--runtime_version",
+                        help="TPU software version (default: see above)")
+    common.add_argument("--tensorflow", default=None,
+                        help=f"pip requirement for TPU TensorFlow, or "
+                             f"'{PREINSTALLED}' (default: {DEFAULT_TENSORFLOW}"
+                             f" on OS images, {PREINSTALLED} on tpu-vm-tf-*)")
+    common.add_argument("--libtpu",
+                        help=f"libtpu pip requirement (default with "
+                             f"{DEFAULT_TENSORFLOW}: {DEFAULT_LIBTPU})")
     common.add_argument("--data", help="gs:// folder the pipeline wrote")
     common.add_argument("--model_dir", help="gs:// folder for checkpoints")
     common.add_argument("--delete_after", action="store_true",
                         help="with `all`: delete the TPU VM at the end")
     common.add_argument("--poll_seconds", type=float, default=60.0,
-                        help="wait/all: seconds between status checks")
+                        help="wait/all/run: seconds between status checks")
     common.add_argument("--wait_timeout", type=float, default=86400.0,
                         help="wait/all: give up (exit 124) after this many "
                              "seconds of training")
@@ -243,6 +247,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     common.add_argument("--no_build_isolation", action="store_true")
     common.add_argument("--dry_run", action="store_true",
                         help="print the commands a run executes, and exit")
+    _add_run_flags(common)
     parser = argparse.ArgumentParser(
         allow_abbrev=False,
         description="Cloud TPU VM launcher for the trainer. Unknown "

@@ -26,8 +26,7 @@ from __future__ import annotations
 import signal
 import sys
 import time
-from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable
 
 import spot_decide as sd
 import tpu_vm_commands as tc
@@ -49,8 +48,9 @@ class RunError(Exception):
         self.code = code
 
 
-class SpotRun:
-    """One spot run: observe, `spot_decide.decide`, act, until an ending."""
+class RunEnds:
+    """A run's state and counts, and how it removes its VM and ends
+    (`SpotRun` adds how it goes)."""
 
     def __init__(self, cfg: tc.TpuConfig, cloud: Cloud, events: Events,
                  standing: Standing, clock: Callable[[], float] = time.monotonic,
@@ -62,6 +62,109 @@ class SpotRun:
         self.setup_rc: int | None = None
         self.failures, self.failing_since = 0, None
         self.wheel_built = False
+
+    def _tally(self) -> sd.Tally:
+        failing = 0.0 if self.failing_since is None else self.clock() - self.failing_since
+        return sd.Tally(recoveries=self.s.recoveries - self.s.lost_noted,
+                        max_recoveries=self.cfg.max_recoveries, had_vm=self.had_vm,
+                        setup_rc=self.setup_rc, failing_seconds=failing,
+                        retry_seconds=self.cfg.retry_seconds,
+                        elapsed=self.clock() - self.started,
+                        wait_timeout=self.cfg.wait_timeout)
+
+    def _failed(self) -> None:
+        self.failures += 1
+        if self.failing_since is None:
+            self.failing_since = self.clock()
+
+    def _answered(self) -> None:
+        self.failures, self.failing_since = 0, None
+
+    def _remove(self) -> None:
+        """Deletes the VM and returns once describe says it is gone; retried
+        for ``--retry_seconds``, then `RunError` (255) naming the VM left."""
+        deadline = self.clock() + self.cfg.retry_seconds
+        failures = 0
+        while True:
+            state = self.cloud.vm_state()
+            if state == sd.GONE:
+                break
+            if state != "DELETING":
+                rc, out, err = self.cloud.delete()
+                if rc == 0 or "NOT_FOUND" in err:
+                    continue
+                failures += 1
+            if self.clock() > deadline:
+                raise RunError(sd.EXIT_LOST, f"{self.cfg.name} could not be deleted in "
+                               f"{self.cfg.retry_seconds:g} s (--retry_seconds); delete it "
+                               "yourself: " + " ".join(tc.delete_commands(self.cfg)[0]))
+            self.sleep(sd.backoff(failures, self.cfg.poll_seconds))
+        self.s.dead_hosts |= self.s.vm_hosts
+        self.s.vm_hosts, self.had_vm, self.setup_rc = set(), False, None
+        self.events.emit("deleted", f"{self.cfg.name}", vm=self.cfg.name)
+
+    def _end(self, decision: sd.Decision, vm: str) -> int:
+        code = decision.code
+        if decision.action == sd.FAIL and vm == sd.READY:
+            self._fetch_log()
+        usable = vm == sd.READY and decision.action != sd.GIVE_UP
+        try:
+            if not (self.cfg.keep and usable):
+                self._remove()
+        except RunError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            code = code or exc.code
+        event = {sd.FINISH: "finished", sd.FAIL: "failed", sd.GIVE_UP: "gave up",
+                 sd.LOST: "lost", sd.TIMEOUT: "timeout"}[decision.action]
+        message = decision.why or "the trainer exited 0"
+        if self.cfg.keep and usable:
+            message += f"; {self.cfg.name} kept (--keep)"
+        self.events.emit(event, f"{self.cfg.name}: {message}", exit=code)
+        self._summary(code)
+        if code:
+            print(f"error: {self.cfg.name}: {message}", file=sys.stderr)
+        return code
+
+    def _fetch_log(self) -> None:
+        dest = self.cfg.logs_dir / f"{self.cfg.name}-train.log"
+        rc, out, err = self.cloud.fetch_log(dest)
+        if rc == 0:
+            print(f"the trainer's log: {dest}", file=sys.stderr)
+        else:
+            print(f"warning: the trainer's log was not copied ({last_line(err + out)})",
+                  file=sys.stderr)
+
+    def _interrupted(self, signum: int) -> int:
+        """Ctrl-C or SIGTERM: deletes the VM (``--keep``: keeps it) with
+        further signals ignored, so the VM is never left half handled."""
+        code = EXIT_INTERRUPTED[signum]
+        previous = {s: signal.signal(s, signal.SIG_IGN) for s in EXIT_INTERRUPTED}
+        try:
+            if not self.cfg.keep:
+                print(f"{signal.Signals(signum).name}: deleting {self.cfg.name} before "
+                      "exiting", file=sys.stderr, flush=True)
+                self._remove()
+        except RunError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+        self.events.emit("interrupted", f"{self.cfg.name}: stopped by "
+                         f"{signal.Signals(signum).name}", exit=code)
+        self._summary(code)
+        return code
+
+    def _summary(self, code: int) -> None:
+        redo = ", ".join("?" if r is None else str(r) for r in self.s.redo) or "none"
+        wall = self.clock() - self.started
+        self.events.emit("summary", f"{self.s.recoveries} recoveries; steps trained "
+                         f"again after each preemption: {redo}; wall time {wall:.0f} s; "
+                         f"exit {code}", recoveries=self.s.recoveries, redo=self.s.redo,
+                         wall_seconds=round(wall, 1), exit=code)
+
+
+class SpotRun(RunEnds):
+    """One spot run: observe, `spot_decide.decide`, act, until an ending."""
 
     def run(self) -> int:
         """The whole run; its exit status (`spot_decide`'s, or 130/143)."""
@@ -90,23 +193,6 @@ class SpotRun:
             else:  # REPLACE: a queued resource that failed
                 self.events.emit("replacing", f"{self.cfg.name}: {decision.why}")
                 self._remove()
-
-    def _tally(self) -> sd.Tally:
-        failing = 0.0 if self.failing_since is None else self.clock() - self.failing_since
-        return sd.Tally(recoveries=self.s.recoveries - self.s.lost_noted,
-                        max_recoveries=self.cfg.max_recoveries, had_vm=self.had_vm,
-                        setup_rc=self.setup_rc, failing_seconds=failing,
-                        retry_seconds=self.cfg.retry_seconds,
-                        elapsed=self.clock() - self.started,
-                        wait_timeout=self.cfg.wait_timeout)
-
-    def _failed(self) -> None:
-        self.failures += 1
-        if self.failing_since is None:
-            self.failing_since = self.clock()
-
-    def _answered(self) -> None:
-        self.failures, self.failing_since = 0, None
 
     # ------------------------------------------------------------ observe
 
@@ -223,91 +309,6 @@ class SpotRun:
                              f"{where}", step=self.s.last_step, redo=redo,
                              recovery=self.s.recoveries)
         self._remove()
-
-    def _remove(self) -> None:
-        """Deletes the VM and returns once describe says it is gone; retried
-        for ``--retry_seconds``, then `RunError` (255) naming the VM left."""
-        deadline = self.clock() + self.cfg.retry_seconds
-        failures = 0
-        while True:
-            state = self.cloud.vm_state()
-            if state == sd.GONE:
-                break
-            if state != "DELETING":
-                rc, out, err = self.cloud.delete()
-                if rc == 0 or "NOT_FOUND" in err:
-                    continue
-                failures += 1
-            if self.clock() > deadline:
-                raise RunError(sd.EXIT_LOST, f"{self.cfg.name} could not be deleted in "
-                               f"{self.cfg.retry_seconds:g} s (--retry_seconds); delete it "
-                               "yourself: " + " ".join(tc.delete_commands(self.cfg)[0]))
-            self.sleep(sd.backoff(failures, self.cfg.poll_seconds))
-        self.s.dead_hosts |= self.s.vm_hosts
-        self.s.vm_hosts, self.had_vm, self.setup_rc = set(), False, None
-        self.events.emit("deleted", f"{self.cfg.name}", vm=self.cfg.name)
-
-    # ------------------------------------------------------------ endings
-
-    def _end(self, decision: sd.Decision, vm: str) -> int:
-        code = decision.code
-        if decision.action == sd.FAIL and vm == sd.READY:
-            self._fetch_log()
-        usable = vm == sd.READY and decision.action != sd.GIVE_UP
-        try:
-            if not (self.cfg.keep and usable):
-                self._remove()
-        except RunError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            code = code or exc.code
-        event = {sd.FINISH: "finished", sd.FAIL: "failed", sd.GIVE_UP: "gave up",
-                 sd.LOST: "lost", sd.TIMEOUT: "timeout"}[decision.action]
-        message = decision.why or "the trainer exited 0"
-        if self.cfg.keep and usable:
-            message += f"; {self.cfg.name} kept (--keep)"
-        self.events.emit(event, f"{self.cfg.name}: {message}", exit=code)
-        self._summary(code)
-        if code:
-            print(f"error: {self.cfg.name}: {message}", file=sys.stderr)
-        return code
-
-    def _fetch_log(self) -> None:
-        dest = self.cfg.logs_dir / f"{self.cfg.name}-train.log"
-        rc, out, err = self.cloud.fetch_log(dest)
-        if rc == 0:
-            print(f"the trainer's log: {dest}", file=sys.stderr)
-        else:
-            print(f"warning: the trainer's log was not copied ({last_line(err + out)})",
-                  file=sys.stderr)
-
-    def _interrupted(self, signum: int) -> int:
-        """Ctrl-C or SIGTERM: deletes the VM (``--keep``: keeps it) with
-        further signals ignored, so the VM is never left half handled."""
-        code = EXIT_INTERRUPTED[signum]
-        previous = {s: signal.signal(s, signal.SIG_IGN) for s in EXIT_INTERRUPTED}
-        try:
-            if not self.cfg.keep:
-                print(f"{signal.Signals(signum).name}: deleting {self.cfg.name} before "
-                      "exiting", file=sys.stderr, flush=True)
-                self._remove()
-        except RunError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
-        self.events.emit("interrupted", f"{self.cfg.name}: stopped by "
-                         f"{signal.Signals(signum).name}", exit=code)
-        self._summary(code)
-        return code
-
-    def _summary(self, code: int) -> None:
-        redo = ", ".join("?" if r is None else str(r) for r in self.s.redo) or "none"
-        wall = self.clock() - self.started
-        self.events.emit("summary", f"{self.s.recoveries} recoveries; steps trained "
-                         f"again after each preemption: {redo}; wall time {wall:.0f} s; "
-                         f"exit {code}", recoveries=self.s.recoveries, redo=self.s.redo,
-                         wall_seconds=round(wall, 1), exit=code)
-
 
 def _raise_interrupted(signum, frame):
     raise Interrupted()

@@ -49,7 +49,6 @@ class FakeCloud:
 
     @contextmanager
     def locked(self):
-        """The cloud's one lock, between processes; taken again inside, a no-op."""
         if self._depth:
             self._depth += 1
             try:
@@ -77,7 +76,6 @@ class FakeCloud:
 
     def record_call(self, argv: list[str], rc: int) -> None:
         self._append("calls.jsonl", {"argv": argv, "rc": rc})
-
     def _read(self, name: str) -> list[dict]:
         path = self.root / name
         if not path.exists():

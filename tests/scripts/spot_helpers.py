@@ -115,7 +115,7 @@ class World:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             out, err = proc.communicate()
-            raise AssertionError(f"no exit after {RUN_SECONDS} s\n{out}\n{err[-4000:]}")
+            raise AssertionError(f"no exit after {RUN_SECONDS} s\n{out}\n{err[-4000:]}") from None
         return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
     def events(self, name: str = "events.jsonl") -> list[dict]:

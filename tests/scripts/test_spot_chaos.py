@@ -104,7 +104,11 @@ def test_chaos_run_recovers_three_times_and_ends_like_an_uninterrupted_one(world
     assert not [c for c in world.cloud.calls()
                 if c["argv"][:4] == ["compute", "tpus", "tpu-vm", "create"] and c["rc"]]
 
-    # The result: the weights bit for bit, the metrics but for the resume.
+    assert_same_result(world, tmp_path)
+
+
+def assert_same_result(world: World, tmp_path) -> None:
+    """The weights bit for bit, the metrics but for the resume."""
     for label in ("chaos", "clean"):
         download(world, label, "checkpoints", tmp_path / label / "checkpoints")
         download(world, label, "export/variables", tmp_path / label / "variables")
