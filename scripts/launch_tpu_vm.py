@@ -33,6 +33,10 @@ status  asks once: prints one line per host; exits 0 while training runs or
 logs    prints the last ``--lines`` lines of every host's log; ``--follow``
         keeps printing until the trainer exits.
 delete  ``gcloud compute tpus tpu-vm delete NAME --quiet``.
+run     a spot run from start to result: create (``--queued``: a queued
+        resource), setup, train, wait, and on a preemption delete, create
+        again and resume, until the trainer exits (scripts/spot_runner.py;
+        docs/trainer.md, "Spot runs").
 
 ``--preset=tpu`` (the trainer's TPU recipe: the CPU recipe's convnet,
 augmentation and schedule at global batch 1024, bfloat16, 50 steps per
