@@ -92,9 +92,9 @@ class TpuConfig:
     retry_seconds: float = 900.0
 
 
-def _gcloud(cfg: TpuConfig, verb: str, *rest: str) -> lc.Command:
-    cmd = [cfg.gcloud, "compute", "tpus", "tpu-vm", verb, *rest,
-           f"--zone={cfg.zone}"]
+def _gcloud(cfg: TpuConfig, verb: str, *rest: str, group: str = "tpu-vm") -> lc.Command:
+    """``gcloud compute tpus GROUP VERB ...`` in the run's zone and project."""
+    cmd = [cfg.gcloud, "compute", "tpus", group, verb, *rest, f"--zone={cfg.zone}"]
     if cfg.project:
         cmd.append(f"--project={cfg.project}")
     return cmd
@@ -351,11 +351,7 @@ def delete_commands(cfg: TpuConfig) -> list[lc.Command]:
 
 
 def _queued(cfg: TpuConfig, verb: str, *rest: str) -> lc.Command:
-    cmd = [cfg.gcloud, "compute", "tpus", "queued-resources", verb, *rest,
-           f"--zone={cfg.zone}"]
-    if cfg.project:
-        cmd.append(f"--project={cfg.project}")
-    return cmd
+    return _gcloud(cfg, verb, *rest, group="queued-resources")
 
 
 def queued_create_commands(cfg: TpuConfig) -> list[lc.Command]:
