@@ -9,7 +9,10 @@ created only if absent. The lock names its run (id, host, pid, start time)
 and carries a heartbeat that a background thread refreshes every
 `HEARTBEAT_SECONDS` while the run lives. A second run refuses with one line
 naming the holder, unless the holder is provably dead: same host and its
-pid gone, or a heartbeat older than `STALE_SECONDS`. Such a lock is taken
+pid gone, a heartbeat older than `STALE_SECONDS`, or a host that the
+caller names as gone in `DEAD_HOSTS_ENV` (the TPU launcher names the hosts
+of a VM it has deleted, whose holder would otherwise count as live for
+`STALE_SECONDS` after its last heartbeat). Such a lock is taken
 over with a warning, and the takeover is itself conditional, so two runs
 racing for a dead holder's lock cannot both win. A run checks that it still
 holds the lock before it publishes what it wrote, and releases the lock
@@ -77,6 +80,15 @@ from typing import Optional
 LOCK_FILE = ".lock"
 HEARTBEAT_SECONDS = 10.0
 STALE_SECONDS = 300.0
+# Comma-separated host names known to be gone (deleted VMs): a lock held
+# from one of them is taken over at once.
+DEAD_HOSTS_ENV = "MNIST_LOCK_DEAD_HOSTS"
+
+
+def dead_hosts(environ=None) -> frozenset:
+    """The host names `DEAD_HOSTS_ENV` lists (none when it is unset)."""
+    value = (os.environ if environ is None else environ).get(DEAD_HOSTS_ENV, "")
+    return frozenset(h.strip() for h in value.split(",") if h.strip())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,8 +123,12 @@ class LockInfo:
                 f"{started}, heartbeat {max(0, now - self.heartbeat):.0f}s ago)")
 
 
-def dead_reason(info: LockInfo, now: float, host: Optional[str] = None) -> str:
-    """Why the holder is provably dead, or "" if it may be alive."""
+def dead_reason(info: LockInfo, now: float, host: Optional[str] = None,
+                gone: frozenset = frozenset()) -> str:
+    """Why the holder is provably dead, or "" if it may be alive. ``gone``:
+    hosts the caller knows are gone (`dead_hosts`)."""
+    if info.host in gone:
+        return f"its host {info.host} is gone ({DEAD_HOSTS_ENV})"
     if now - info.heartbeat > STALE_SECONDS:
         return f"heartbeat {now - info.heartbeat:.0f}s old (> {STALE_SECONDS:.0f}s)"
     if info.host == (host or socket.gethostname()) and info.pid > 0:
@@ -305,8 +321,9 @@ class HeldLock:
                                 "takes it over once this process is gone", self.path, e)
 
 
-def claim(backend, info: LockInfo, where: str):
-    """Creates the lock, taking over a provably dead holder's (with a warning).
+def claim(backend, info: LockInfo, where: str, gone: frozenset = frozenset()):
+    """Creates the lock, taking over a provably dead holder's (with a warning);
+    ``gone``: hosts known to be gone (`dead_reason`).
 
     Returns ``(token, None)`` once this run holds it, ``(None, holder)`` while
     a live run holds it, ``(None, None)`` if other runs kept taking it.
@@ -324,7 +341,7 @@ def claim(backend, info: LockInfo, where: str):
         if holder.run_id == info.run_id:  # our create succeeded, its reply was lost
             return token, None
         now = time.time()
-        reason = dead_reason(holder, now)
+        reason = dead_reason(holder, now, gone=gone)
         if not reason:
             return None, holder
         if backend.delete_if(token):

@@ -33,6 +33,10 @@ status  asks once: prints one line per host; exits 0 while training runs or
 logs    prints the last ``--lines`` lines of every host's log; ``--follow``
         keeps printing until the trainer exits.
 delete  ``gcloud compute tpus tpu-vm delete NAME --quiet``.
+run     a spot run from start to result: create (``--queued``: a queued
+        resource), setup, train, wait, and on a preemption delete, create
+        again and resume, until the trainer exits (scripts/spot_runner.py;
+        docs/trainer.md, "Spot runs").
 
 ``--preset=tpu`` (the trainer's TPU recipe: the CPU recipe's convnet,
 augmentation and schedule at global batch 1024, bfloat16, 50 steps per
@@ -90,17 +94,19 @@ from typing import Callable, Mapping, Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import launch_common as lc  # noqa: E402
+import spot_runner  # noqa: E402
+from spot_cloud import Cloud  # noqa: E402
 from tpu_vm_commands import (DEFAULT_DIST_DIR, DEFAULT_LIBTPU,  # noqa: E402
                              DEFAULT_TENSORFLOW, PREINSTALLED, REMOTE_DIR, TpuConfig,
-                             exit_note, parse_status, phases, plan,
-                             summarize_status)
+                             exit_note, manifest_command, parse_status, phases,
+                             plan, summarize_status)
 from mnist_contract import (MANIFEST_FILE, ContractError, Manifest,  # noqa: E402
                             join_path)  # (on the path: tpu_vm_commands)
 
 STEPS = ("create", "setup", "train", "wait", "delete")
 # Steps that only talk to an existing VM: they need its name and zone alone.
 VM_STEPS = ("wait", "status", "logs", "delete")
-VERBS = STEPS + ("status", "logs", "all")
+VERBS = STEPS + ("status", "logs", "all", "run")
 EXIT_TIMEOUT = 124   # as timeout(1)
 EXIT_LOST = 255      # as ssh when it cannot reach the host
 POLL_FAILURES = 5    # failed status checks in a row before ``wait`` gives up
@@ -189,6 +195,27 @@ def default_runtime_version(accelerator_type: str) -> str:
     return BASE_IMAGES[family]
 
 
+def _add_run_flags(common: argparse.ArgumentParser) -> None:
+    """The flags of ``run`` (scripts/spot_runner.py), and ``create``'s kind of VM."""
+    common.add_argument("--spot", action="store_true", help="create/run: a Spot TPU VM")
+    common.add_argument("--queued", action="store_true",
+                        help="create/run: a queued resource, which waits for "
+                             "capacity instead of failing")
+    common.add_argument("--max_recoveries", type=int, default=5,
+                        help="run: preemptions to recover from before giving "
+                             "up (exit 75)")
+    common.add_argument("--keep", action="store_true",
+                        help="run: keep a READY VM at the end")
+    common.add_argument("--events", type=Path,
+                        help="run: append each event as a JSON line to this "
+                             "file, the run's journal for a restarted launcher")
+    common.add_argument("--logs_dir", type=Path, default=Path("."),
+                        help="run: where a failed trainer's log is copied")
+    common.add_argument("--retry_seconds", type=float, default=900.0,
+                        help="run: give up (exit 255) after calls to the "
+                             "cloud failed for this long")
+
+
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     common = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     common.add_argument("--name", help="TPU VM name")
@@ -204,13 +231,12 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     common.add_argument("--libtpu",
                         help=f"libtpu pip requirement (default with "
                              f"{DEFAULT_TENSORFLOW}: {DEFAULT_LIBTPU})")
-    common.add_argument("--spot", action="store_true", help="Spot TPU VM")
     common.add_argument("--data", help="gs:// folder the pipeline wrote")
     common.add_argument("--model_dir", help="gs:// folder for checkpoints")
     common.add_argument("--delete_after", action="store_true",
                         help="with `all`: delete the TPU VM at the end")
     common.add_argument("--poll_seconds", type=float, default=60.0,
-                        help="wait/all: seconds between status checks")
+                        help="wait/all/run: seconds between status checks")
     common.add_argument("--wait_timeout", type=float, default=86400.0,
                         help="wait/all: give up (exit 124) after this many "
                              "seconds of training")
@@ -225,6 +251,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     common.add_argument("--no_build_isolation", action="store_true")
     common.add_argument("--dry_run", action="store_true",
                         help="print the commands a run executes, and exit")
+    _add_run_flags(common)
     parser = argparse.ArgumentParser(
         allow_abbrev=False,
         description="Cloud TPU VM launcher for the trainer. Unknown "
@@ -245,7 +272,7 @@ def resolve_config(args: argparse.Namespace, trainer_args: Sequence[str],
     others also the accelerator and its software, and ``train`` the gs://
     folders.
     """
-    steps = STEPS if args.step == "all" else (args.step,)
+    steps = STEPS if args.step in ("all", "run") else (args.step,)
     _check_step_flags(args, steps, trainer_args)
     cfg = _vm_config(args, trainer_args, environ)
     if set(steps) <= set(VM_STEPS):
@@ -270,6 +297,10 @@ def _check_step_flags(args: argparse.Namespace, steps: Sequence[str],
         raise lc.ConfigError("--wait_timeout must be positive")
     if args.lines < 1:
         raise lc.ConfigError("--lines must be at least 1")
+    if args.max_recoveries < 0:
+        raise lc.ConfigError("--max_recoveries must be 0 or more")
+    if args.retry_seconds <= 0:
+        raise lc.ConfigError("--retry_seconds must be positive")
     if trainer_args and "train" not in steps:
         raise lc.ConfigError(f"{args.step} takes no trainer arguments, got "
                              f"{shlex.join(trainer_args)}")
@@ -290,7 +321,10 @@ def _vm_config(args: argparse.Namespace, trainer_args: Sequence[str],
         name=name, zone=zone,
         project=lc.first_setting(args.project, lc.env(
             "GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT", environ=environ)),
-        libtpu=args.libtpu, spot=args.spot,
+        libtpu=args.libtpu, spot=args.spot, queued=args.queued,
+        max_recoveries=args.max_recoveries, keep=args.keep,
+        events=args.events and args.events.resolve(),
+        logs_dir=args.logs_dir.resolve(), retry_seconds=args.retry_seconds,
         trainer_args=list(trainer_args), delete_after=args.delete_after,
         poll_seconds=args.poll_seconds, wait_timeout=args.wait_timeout,
         lines=args.lines, follow=args.follow,
@@ -344,6 +378,19 @@ def _resolve_train_folders(cfg: TpuConfig, args: argparse.Namespace) -> None:
             "write to this machine's disk)")
     cfg.model_dir = lc.require_gs(args.model_dir, "--model_dir")
 
+
+# What --dry_run adds to the plan of ``run`` (its commands without a preemption).
+RUN_PLAN_NOTE = """\
+# the describe (and, while the VM is READY, the status) commands repeat every
+# {cfg.poll_seconds:g} s; what run does on each state:
+#   no VM: create it (a stockout: again, with backoff)
+#   READY, no trainer: setup, then train (the wheel is built once)
+#   READY, trainer running: wait
+#   READY, trainer exited 0: delete (not with --keep), exit 0
+#   READY, trainer exited 1, 2, ...: copy its log to {cfg.logs_dir}, delete, exit with it
+#   PREEMPTED, TERMINATED, gone, or trainer exited 143: delete, wait until
+#     gone, create again and resume (at most --max_recoveries={cfg.max_recoveries}; then exit 75)
+#   calls failing: retried with backoff for --retry_seconds={cfg.retry_seconds:g}, then exit 255"""
 
 Runner = Callable[[lc.Command], tuple[int, str]]
 
@@ -424,13 +471,24 @@ def _run_phase(name: str, commands: Sequence[lc.Command], cfg: TpuConfig,
     return 0
 
 
+def run_spot(cfg: TpuConfig, pyproject: Mapping) -> int:
+    """``run``: the manifest compared with the slice once, then the spot
+    loop (scripts/spot_runner.py) until the run ends."""
+    warning = train_shards_warning(cfg, *lc.run_command_output(manifest_command(cfg)))
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
+    return spot_runner.run_spot(cfg, Cloud(cfg, pyproject))
+
+
 def execute(step: str, cfg: TpuConfig, pyproject: Mapping) -> int:
-    """Run ``phases(step)`` until one fails.
+    """Run ``phases(step)`` until one fails (``run``: `run_spot`).
 
     In ``all`` the final delete (``--delete_after``) runs once the VM was
     created, whatever happens after: a failure, a wait that gave up, an
     interrupt.
     """
+    if step == "run":
+        return run_spot(cfg, pyproject)
     work = phases(step, cfg, pyproject)
     delete = work.pop() if step == "all" and cfg.delete_after else None
     rc, created = 0, False
@@ -459,6 +517,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       f"{cfg.poll_seconds:g} s until the trainer exits "
                       f"(--wait_timeout {cfg.wait_timeout:g} s)",
                       file=sys.stderr)
+            if args.step == "run":
+                print(RUN_PLAN_NOTE.format(cfg=cfg), file=sys.stderr)
             return 0
         return execute(args.step, cfg, pyproject)
     except lc.ConfigError as exc:

@@ -19,7 +19,8 @@ from typing import Mapping, Sequence
 
 import launch_common as lc
 
-sys.path.insert(1, str(lc.REPO_ROOT))  # mnist_contract: standard library only
+sys.path.insert(1, str(lc.REPO_ROOT))  # mnist_contract, mnist_common's lock: standard library only
+from mnist_common.storage_lock import DEAD_HOSTS_ENV  # noqa: E402
 from mnist_contract import MANIFEST_FILE, join_path  # noqa: E402
 
 TRAINER_PRESET = "--preset=tpu"
@@ -28,6 +29,10 @@ REMOTE_DIR = "~/mnist-tpu"
 STATUS_PREFIX = "mnist-train:"
 _STATUS_RE = re.compile(re.escape(STATUS_PREFIX) + r" (?P<state>running|"
                         r"exited status=(?P<code>\d+)|stopped|not started)")
+# The rest of a status line: the trainer's progress, then the host.
+_PROGRESS_RE = re.compile(re.escape(STATUS_PREFIX) + r" .*?(?: step=(?P<step>\d+)/"
+                          r"(?P<total>\d+))?(?: resumed=(?P<resumed>\d+))? on "
+                          r"(?P<host>\S+)$", re.MULTILINE)
 DEFAULT_TENSORFLOW = "tensorflow-tpu==2.20.0"
 # The newest libtpu that tensorflow-tpu 2.20.0 loads (docs/tpu_vm_stack.md
 # has the versions tried); the build itself accepts any libtpu~=0.0.14.
@@ -66,6 +71,7 @@ class TpuConfig:
     tensorflow: str = DEFAULT_TENSORFLOW
     libtpu: str | None = None
     spot: bool = False
+    queued: bool = False
     data: str | None = None
     model_dir: str | None = None
     trainer_args: list[str] = dataclasses.field(default_factory=list)
@@ -78,11 +84,17 @@ class TpuConfig:
     python: str = sys.executable
     dist_dir: Path = DEFAULT_DIST_DIR
     build_isolation: bool = True
+    # ``run`` only (scripts/spot_runner.py).
+    max_recoveries: int = 5
+    keep: bool = False
+    events: Path | None = None
+    logs_dir: Path = Path(".")
+    retry_seconds: float = 900.0
 
 
-def _gcloud(cfg: TpuConfig, verb: str, *rest: str) -> lc.Command:
-    cmd = [cfg.gcloud, "compute", "tpus", "tpu-vm", verb, *rest,
-           f"--zone={cfg.zone}"]
+def _gcloud(cfg: TpuConfig, verb: str, *rest: str, group: str = "tpu-vm") -> lc.Command:
+    """``gcloud compute tpus GROUP VERB ...`` in the run's zone and project."""
+    cmd = [cfg.gcloud, "compute", "tpus", group, verb, *rest, f"--zone={cfg.zone}"]
     if cfg.project:
         cmd.append(f"--project={cfg.project}")
     return cmd
@@ -93,6 +105,8 @@ def wheel_name(pyproject: Mapping) -> str:
 
 
 def create_commands(cfg: TpuConfig) -> list[lc.Command]:
+    if cfg.queued:
+        return queued_create_commands(cfg)
     cmd = _gcloud(cfg, "create", cfg.name)
     cmd += [f"--accelerator-type={cfg.accelerator_type}",
             f"--version={cfg.runtime_version}"]
@@ -221,18 +235,25 @@ def trainer_command(cfg: TpuConfig) -> list[str]:
             f"--model_dir={cfg.model_dir}", *cfg.trainer_args]
 
 
-def train_script(cfg: TpuConfig) -> str:
+def train_script(cfg: TpuConfig, dead_hosts: Sequence[str] = ()) -> str:
     """Start the trainer in the background on a host and return.
 
     The trainer runs in a subshell that ignores SIGHUP (what ``nohup``
     does), reads /dev/null and writes ``train.log``, so neither the end of
-    this ssh session nor a dropped connection reaches it. The subshell's
+    this ssh session nor a dropped connection reaches it. The subshell
+    outlives a SIGTERM to every process (a preemption notice) by trapping
+    it, so it still records the status of the trainer, which saves and
+    exits 143 (a trap, unlike an ignored signal, is not inherited). The subshell's
     pid goes to ``train.pid`` before this script returns; when the trainer
     ends, the subshell writes its status to ``train.exit`` (renamed into
     place, so a reader never sees it half written). A host where a trainer
-    is still running refuses to start a second one.
+    is still running refuses to start a second one. ``dead_hosts``: hosts of
+    deleted VMs, whose hold on the model_dir lock the trainer takes over at
+    once (`mnist_common.storage_lock.DEAD_HOSTS_ENV`).
     """
     prefix = "TPU_LOAD_LIBRARY=0 " if cfg.multi_host else ""
+    if dead_hosts:
+        prefix += f"{DEAD_HOSTS_ENV}={shlex.quote(','.join(sorted(dead_hosts)))} "
     return "; ".join([
         f"mkdir -p {REMOTE_DIR}",
         f"cd {REMOTE_DIR} || exit 1",
@@ -242,7 +263,7 @@ def train_script(cfg: TpuConfig) -> str:
         '$(cat train.pid); see the logs step" >&2; exit 1; fi',
         "rm -f train.pid train.exit train.exit.tmp",
         "if [ -f train.log ]; then mv train.log train.log.prev; fi",
-        '( trap "" HUP; ' + prefix + shlex.join(trainer_command(cfg))
+        '( trap "" HUP; trap : TERM; ' + prefix + shlex.join(trainer_command(cfg))
         + '; echo $? > train.exit.tmp && mv train.exit.tmp train.exit )'
         " < /dev/null > train.log 2>&1 & echo $! > train.pid",
         'echo "trainer started on $(hostname), pid $(cat train.pid), log '
@@ -251,21 +272,27 @@ def train_script(cfg: TpuConfig) -> str:
 
 
 def status_script() -> str:
-    """One ``mnist-train: STATE on HOST`` line from a host.
+    """One ``mnist-train: STATE [step=S/T] [resumed=N] on HOST`` line from a host.
 
     ``train.exit`` is read first: the subshell is alive until just after
-    it writes that file, so there is no moment with neither.
+    it writes that file, so there is no moment with neither. The step is
+    the last ``step S/T`` the trainer printed (its progress lines, the
+    resume and the stop lines), ``resumed`` the step it resumed from.
     """
     line = f'echo "{STATUS_PREFIX} '
+    progress = "$P$R on $(hostname)\""
     return "; ".join([
         f"if ! cd {REMOTE_DIR} 2>/dev/null || [ ! -f train.pid ]; then "
         f'{line}not started on $(hostname)"',
-        f'elif [ -f train.exit ]; then {line}exited status=$(cat train.exit)'
-        ' on $(hostname)"',
+        'else P="$(sed -n "s|.*step \\([0-9][0-9]*/[0-9][0-9]*\\).*| step=\\1|p" '
+        'train.log 2>/dev/null | tail -n 1)"',
+        'R="$(sed -n "s|^resuming at step \\([0-9][0-9]*\\)/.*| resumed=\\1|p" '
+        'train.log 2>/dev/null | head -n 1)"',
+        f'if [ -f train.exit ]; then {line}exited status=$(cat train.exit){progress}',
         'elif kill -0 "$(cat train.pid)" 2>/dev/null; then '
-        f'{line}running pid=$(cat train.pid) on $(hostname)"',
+        f'{line}running pid=$(cat train.pid){progress}',
         f'else {line}stopped without an exit status (killed, or the host '
-        'restarted) on $(hostname)"; fi',
+        'restarted) on $(hostname)"; fi; fi',
     ])
 
 
@@ -298,12 +325,12 @@ def manifest_command(cfg: TpuConfig) -> lc.Command:
     return cmd
 
 
-def train_commands(cfg: TpuConfig) -> list[lc.Command]:
+def train_commands(cfg: TpuConfig, dead_hosts: Sequence[str] = ()) -> list[lc.Command]:
     """The manifest read (to compare the train files with the slice's
     hosts), then the start of the trainer."""
     return [manifest_command(cfg),
             _gcloud(cfg, "ssh", cfg.name, _train_worker(cfg),
-                    f"--command={train_script(cfg)}")]
+                    f"--command={train_script(cfg, dead_hosts)}")]
 
 
 def status_commands(cfg: TpuConfig) -> list[lc.Command]:
@@ -318,7 +345,50 @@ def logs_commands(cfg: TpuConfig) -> list[lc.Command]:
 
 
 def delete_commands(cfg: TpuConfig) -> list[lc.Command]:
+    if cfg.queued:  # --force: the node goes with its queued resource
+        return [_queued(cfg, "delete", cfg.name, "--force", "--quiet")]
     return [_gcloud(cfg, "delete", cfg.name, "--quiet")]
+
+
+def _queued(cfg: TpuConfig, verb: str, *rest: str) -> lc.Command:
+    return _gcloud(cfg, verb, *rest, group="queued-resources")
+
+
+def queued_create_commands(cfg: TpuConfig) -> list[lc.Command]:
+    """A queued resource named as the VM: Cloud TPU creates the VM when
+    capacity is free instead of refusing the request."""
+    cmd = _queued(cfg, "create", cfg.name, f"--node-id={cfg.name}",
+                  f"--accelerator-type={cfg.accelerator_type}",
+                  f"--runtime-version={cfg.runtime_version}")
+    if cfg.spot:
+        cmd.append("--spot")
+    return [cmd]
+
+
+def describe_command(cfg: TpuConfig) -> lc.Command:
+    """Prints the VM's state (READY, CREATING, PREEMPTED, ...); exits 1 with
+    NOT_FOUND when there is no VM of that name."""
+    return _gcloud(cfg, "describe", cfg.name, "--format=value(state)")
+
+
+def describe_commands(cfg: TpuConfig) -> list[lc.Command]:
+    """What ``run`` asks before each decision: the queued resource's state
+    and, once it is ACTIVE, its VM's; else the VM's."""
+    if cfg.queued:
+        return [queued_describe_command(cfg), describe_command(cfg)]
+    return [describe_command(cfg)]
+
+
+def queued_describe_command(cfg: TpuConfig) -> lc.Command:
+    """Prints the queued resource's state (ACCEPTED, PROVISIONING, ACTIVE,
+    SUSPENDED, FAILED, ...)."""
+    return _queued(cfg, "describe", cfg.name, "--format=value(state.state)")
+
+
+def fetch_log_command(cfg: TpuConfig, dest: Path) -> lc.Command:
+    """Copies the trainer host's log here (worker 0: the one that trains)."""
+    return _gcloud(cfg, "scp", f"{cfg.name}:{REMOTE_DIR}/train.log", str(dest),
+                   "--worker=0")
 
 
 def phases(step: str, cfg: TpuConfig,
@@ -336,11 +406,14 @@ def phases(step: str, cfg: TpuConfig,
         "status": lambda: status_commands(cfg),
         "logs": lambda: logs_commands(cfg),
         "delete": lambda: delete_commands(cfg),
+        "describe": lambda: describe_commands(cfg),
     }
     names = [step]
     if step == "all":
         names = ["create", "setup", "train", "wait"] + (
             ["delete"] if cfg.delete_after else [])
+    elif step == "run":  # without a preemption; spot_runner.py has the loop
+        names = ["describe", "create", "setup", "train", "wait", "delete", "describe"]
     return [(name, builders[name]()) for name in names]
 
 
@@ -395,3 +468,22 @@ def summarize_status(states: Sequence[tuple[str, int | None]]
         return "stopped", 1
     codes = [c for _, c in ran if c]
     return "exited", codes[0] if codes else 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """The trainer's progress on one host, as its status line reports it."""
+    host: str
+    step: int | None = None
+    total: int | None = None
+    resumed: int | None = None
+
+
+def parse_progress(output: str) -> list[Progress]:
+    """`Progress` per host from the status script's output."""
+    found = []
+    for match in _PROGRESS_RE.finditer(output):
+        step, total, resumed = (int(match[k]) if match[k] else None
+                                for k in ("step", "total", "resumed"))
+        found.append(Progress(match["host"], step, total, resumed))
+    return found

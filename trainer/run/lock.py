@@ -200,7 +200,8 @@ def acquire(model_dir: str) -> RunLock:
     info = storage_lock.LockInfo.for_this_process(uuid.uuid4().hex[:12])
     try:
         store = backend(path)
-        token, holder = storage_lock.claim(store, info, model_dir)
+        token, holder = storage_lock.claim(store, info, model_dir,
+                                           gone=storage_lock.dead_hosts())
     except _storage_errors() as e:
         raise _cannot_lock(path, storage_reason(e)) from None
     if holder is not None:
