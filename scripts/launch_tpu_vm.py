@@ -216,8 +216,8 @@ def _add_run_flags(common: argparse.ArgumentParser) -> None:
                              "cloud failed for this long")
 
 
-def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
-    common = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+def _add_vm_flags(common: argparse.ArgumentParser) -> None:
+    """The VM's identity and software."""
     common.add_argument("--name", help="TPU VM name")
     common.add_argument("--zone", help="e.g. us-central2-b")
     common.add_argument("--project")
@@ -231,6 +231,11 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     common.add_argument("--libtpu",
                         help=f"libtpu pip requirement (default with "
                              f"{DEFAULT_TENSORFLOW}: {DEFAULT_LIBTPU})")
+
+
+def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    common = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    _add_vm_flags(common)
     common.add_argument("--data", help="gs:// folder the pipeline wrote")
     common.add_argument("--model_dir", help="gs:// folder for checkpoints")
     common.add_argument("--delete_after", action="store_true",
