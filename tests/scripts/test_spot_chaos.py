@@ -6,8 +6,9 @@ save (SIGKILL right after SIGTERM: the save is cut short). It must end 0
 with three recoveries reported, and its final checkpoint, export and
 metrics.json must equal those of an uninterrupted run of the trainer
 command the fake VM runs: the weights bit for bit. No two VMs are ever
-alive at once and none is left. ``SPOT_CHAOS_SEED`` picks the steps (the
-test prints the seed it used).
+alive at once and none is left. The cloud also refuses two creates as a
+stockout and one ssh call as an unreachable host; both are retried.
+``SPOT_CHAOS_SEED`` picks the steps (the test prints the seed it used).
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ def test_chaos_run_recovers_three_times_and_ends_like_an_uninterrupted_one(world
     baseline = uninterrupted(world, "clean")
     chaos = Chaos(world, random_schedule(seed))
     chaos.start()
+    world.cloud.arm(stockouts=2, ssh_failures=1)  # no capacity twice, a host unreachable once
     proc = world.launch(world.argv("chaos", "--max_recoveries=3"))
     chaos.join(timeout=10)
     baseline.join(timeout=400)
@@ -101,8 +103,10 @@ def test_chaos_run_recovers_three_times_and_ends_like_an_uninterrupted_one(world
     assert world.cloud.vms() == {}
     assert world.cloud.most_alive() == 1
     assert [r["event"] for r in world.cloud.history()].count("create") == 4
-    assert not [c for c in world.cloud.calls()
-                if c["argv"][:4] == ["compute", "tpus", "tpu-vm", "create"] and c["rc"]]
+    assert [c["rc"] for c in world.cloud.calls()
+            if c["argv"][:4] == ["compute", "tpus", "tpu-vm", "create"] and c["rc"]] == [1, 1]
+    assert [e["event"] for e in events].count("no capacity") == 2
+    assert world.cloud.faults() == {"stockouts": 0, "ssh_failures": 0}
 
     assert_same_result(world, tmp_path)
 
