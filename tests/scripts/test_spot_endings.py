@@ -1,7 +1,7 @@
 """Each ending of ``launch_tpu_vm.py run --spot`` against the fake cloud: the
 exit status, the events, and the VMs left (none unless ``--keep``).
 
-A trainer bug is not retried; ``--max_recoveries`` ends the run; a launcher
+A trainer bug is not retried; a queued resource waits for capacity; ``--max_recoveries`` ends the run; a launcher
 killed and started again picks its run up (waiting on a VM that trains,
 recovering a preempted one, counting on from its journal); Ctrl-C and
 SIGTERM to the launcher delete the VM.
@@ -40,13 +40,34 @@ def test_a_trainer_bug_is_not_retried_and_its_log_is_kept(world):
     argv = [a if not a.startswith("--data=") else f"--data=gs://{EMULATOR_BUCKET}/nothing"
             for a in world.argv("bug")]
     proc = world.launch(argv)
-    assert proc.returncode == 1, proc.stdout + proc.stderr[-3000:]
+    assert proc.returncode == 2, proc.stdout + proc.stderr[-3000:]  # bad input: no dataset
     assert "preempted" not in kinds(world) and kinds(world)[-2:] == ["failed", "summary"]
     assert creates(world) == 1 and world.cloud.vms() == {}
     log = (world.tmp / "logs" / f"{NAME}-train.log").read_text()
     assert log.startswith("error: gs://test-bucket/nothing: ")
     assert proc.stderr.strip().splitlines()[-1] == (
-        f"error: {NAME}: the trainer exited with status 1")
+        f"error: {NAME}: the trainer exited with status 2")
+
+
+def test_a_queued_spot_run_waits_for_capacity_trains_and_deletes_its_resource(world):
+    """``--queued``: the queued resource waits out two refusals for capacity,
+    its VM trains to the end, and the resource (with its VM) is deleted."""
+    world.cloud.arm(stockouts=2)
+    proc = world.launch(world.argv("queued", "--queued"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    verbs = [c["argv"][3] for c in world.cloud.calls()
+             if c["argv"][:3] == ["compute", "tpus", "queued-resources"]]
+    # Looked up before it is created (a run never makes a second one),
+    # described through two waits for capacity until ACTIVE, deleted, and
+    # described until it is gone.
+    assert verbs[0] == "describe" and verbs.count("create") == verbs.count("delete") == 1
+    created, deleted = verbs.index("create"), verbs.index("delete")
+    assert verbs[created:deleted].count("describe") >= 3
+    assert set(verbs[deleted + 1:]) <= {"describe"}
+    assert world.cloud.faults() == {"stockouts": 0}
+    assert kinds(world)[-2:] == ["finished", "summary"]
+    assert world.cloud.vms() == {}
+    assert not list((world.cloud.root / "queued").iterdir())
 
 
 def test_max_recoveries_reached_ends_the_run_and_deletes_the_vm(world):
