@@ -57,6 +57,7 @@ def gcs_tls(gcs_tls_server):
     asked for a host other than Google's storage endpoints while it ran.
     """
     refused = len(gcs_tls_server.proxy.refused)
+    gcs_tls_server.mark_log()
     yield gcs_tls_server
     assert gcs_tls_server.server_errors() == []
     assert gcs_tls_server.proxy.refused[refused:] == []

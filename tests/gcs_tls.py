@@ -209,6 +209,7 @@ class GcsTlsServer:
     def __init__(self, folder: Path):
         self.folder = folder
         self.log_path = folder / "emulator.log"
+        self.log_start = 0  # the server's log lines of earlier tests end here
         self.emulator = GcsEmulator(free_port(), log_path=self.log_path)
         self.ca, cert, key = write_certificates(folder)
         self.proxy = GcsProxy(self.emulator.port, cert, key)
@@ -251,10 +252,16 @@ class GcsTlsServer:
         })
         return env
 
+    def mark_log(self) -> None:
+        """What the server logged so far belongs to earlier tests (the server
+        lives for the session; a test that kills clients mid-request leaves
+        broken pipes in its log)."""
+        self.log_start = len(self.log_path.read_text(errors="replace").splitlines())
+
     def server_errors(self) -> list[str]:
-        """The first handler exception in the server's log and the 40 lines
-        from there (its traceback); [] while there is none."""
-        lines = self.log_path.read_text(errors="replace").splitlines()
+        """The first handler exception in the server's log since `mark_log`
+        and the 40 lines from there (its traceback); [] while there is none."""
+        lines = self.log_path.read_text(errors="replace").splitlines()[self.log_start:]
         first = next((i for i, line in enumerate(lines)
                       if any(marker in line for marker in HANDLER_FAILURES)), None)
         return [] if first is None else lines[first:first + 40]
