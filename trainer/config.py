@@ -262,6 +262,7 @@ def flag_parser() -> argparse.ArgumentParser:
                        or "the defaults shown") for name, values in PRESETS.items())
     p = argparse.ArgumentParser(
         prog="python -m trainer", argument_default=argparse.SUPPRESS,
+        allow_abbrev=False,  # --res would be --restart, which deletes checkpoints
         description="Train an MNIST CNN on the pipeline's TFRecords "
                     "(local path or gs://), on CPU, GPUs or a TPU.",
         epilog=f"Presets: {presets}. The defaults shown are the values without a "

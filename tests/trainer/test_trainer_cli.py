@@ -287,6 +287,9 @@ def test_the_bare_command_trains_the_cpu_recipe_off_a_tpu(trainer_dataset, tmp_p
     (["--cache=maybe"], "argument --cache: expected true/false, not 'maybe'"),
     (["--loop=estimator"], "argument --loop: invalid choice: 'estimator'"),
     (["--preset=gpu"], "argument --preset: invalid choice: 'gpu'"),
+    # No abbreviations: --res would be --restart, which deletes the checkpoints.
+    (["--res"], "unrecognized arguments: --res"),
+    (["--epoch=2"], "unrecognized arguments: --epoch=2"),
 ])
 def test_bad_flags_are_usage_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:

@@ -124,11 +124,12 @@ def export_id(export_dir: str) -> str:
 
 
 def uncommitted(model_dir: str) -> str:
-    """"" when ``model_dir/export`` is the export ``metrics.json`` describes (or
-    carries no id: not written by `commit_export`), else what is wrong."""
+    """"" when ``model_dir/export`` is the export ``metrics.json`` describes,
+    else what is wrong (an export without `EXPORT_ID_FILE` was not committed
+    by `commit_export`: nothing says which run's it is, or that it is whole)."""
     carried = export_id(join_path(model_dir, EXPORT))
     if not carried:
-        return ""
+        return f"no readable {EXPORT_ID_FILE} in it: not an export the trainer committed"
     try:
         with tf.io.gfile.GFile(join_path(model_dir, METRICS), "r") as f:
             named = str(json.loads(f.read()).get("export_id", ""))
