@@ -45,6 +45,9 @@ def check_sizes(paths: Iterable[str], sizes: Iterable[int]) -> None:
         except tf.errors.OpError as e:
             raise TrainerError(f"{path}: cannot read ({summarize_error(e)})") from None
         if actual != expected:
+            if tf.io.gfile.isdir(path):  # a folder's size is its directory entry's
+                raise TrainerInputError(f"{path}: a directory, but {contract.MANIFEST_FILE} "
+                                        "lists it as a shard file")
             raise TrainerInputError(
                 f"{path}: {actual} bytes, but {contract.MANIFEST_FILE} lists {expected} "
                 "(not the file the pipeline wrote; rerun it or restore the file)")
