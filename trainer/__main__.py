@@ -42,16 +42,15 @@ class _StartFailed(Exception):
 def _quiet_tensorflow_start(config: TrainConfig) -> None:
     """Imports TensorFlow (and, for a local run, finds its devices), start-up lines dropped.
 
-    Finding the devices starts TensorFlow's runtime, after which a CPU split
-    (``--cpu_replicas``, made here first), a multi-worker strategy or a TPU
-    connection can no longer be set up; so runs that may need one of those
-    only import TensorFlow here.
+    Listing the physical devices (where TensorFlow logs ``cuInit`` on a
+    machine without a GPU) leaves a CPU split (``--cpu_replicas``, made here
+    first) and a multi-worker strategy possible; a TPU connection is not, so
+    runs that may need one only import TensorFlow here.
     """
     if "tensorflow" in sys.modules:
         return
-    local = config.strategy in ("mirrored", "default") or (
-        config.strategy == "auto" and not config.tpu and not os.environ.get("TPU_NAME")
-        and not os.environ.get("TF_CONFIG"))
+    local = config.strategy in ("mirrored", "default", "multi_worker") or (
+        config.strategy == "auto" and not config.tpu and not os.environ.get("TPU_NAME"))
     with console.tensorflow_start():
         import tensorflow as tf
         from trainer import strategy as strategy_lib
