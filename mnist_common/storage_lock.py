@@ -75,8 +75,10 @@ import time
 from typing import Optional
 
 LOCK_FILE = ".lock"
-HEARTBEAT_SECONDS = 10.0
-STALE_SECONDS = 300.0
+# Read here, at import, from the environment when set there: tests that run a
+# job or trainer as a process shorten them (in-process tests patch them).
+HEARTBEAT_SECONDS = float(os.environ.get("MNIST_LOCK_HEARTBEAT_SECONDS", "10"))
+STALE_SECONDS = float(os.environ.get("MNIST_LOCK_STALE_SECONDS", "300"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +107,15 @@ class LockInfo:
         except (ValueError, KeyError, TypeError, AttributeError):
             return cls("?", "?", -1, heartbeat, heartbeat)
 
+    @property
+    def unreadable(self) -> bool:
+        """Parsed from bytes that name no run (empty, half written, garbage)."""
+        return self.run_id == "?" and self.pid == -1
+
     def describe(self, now: float) -> str:
+        if self.unreadable:
+            return (f"an unreadable lock file (empty or not a run's JSON), last written "
+                    f"{max(0, now - self.heartbeat):.0f}s ago")
         started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started))
         return (f"run {self.run_id} (host {self.host}, pid {self.pid}, started "
                 f"{started}, heartbeat {max(0, now - self.heartbeat):.0f}s ago)")

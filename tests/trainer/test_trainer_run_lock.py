@@ -97,6 +97,24 @@ def test_live_holder_elsewhere_is_not_taken_over(model_dir):
         run_lock.acquire(model_dir)
 
 
+@pytest.mark.parametrize("content", [b"", b"\x00garbage"], ids=["empty", "garbage"])
+def test_an_unreadable_lock_is_named_as_such(tmp_path, content):
+    """Not "in use by run ? (pid -1)": the file, that it is unreadable, its age.
+    (On gs:// and ram:// a lock has no age but its content's heartbeat, or an
+    mtime of 0: an unreadable one there is stale, and taken over at once.)"""
+    model_dir = str(tmp_path)
+    path = f"{model_dir}/{storage_lock.LOCK_FILE}"
+    with open(path, "wb") as f:
+        f.write(content)
+    os.utime(path, (time.time() - 42, time.time() - 42))
+    with pytest.raises(TrainerError) as e:
+        run_lock.acquire(model_dir)
+    assert str(e.value) == (
+        f"{path}: an unreadable lock file (empty or not a run's JSON), last written "
+        f"42s ago, so no run can be named as its holder; remove it if no run is using "
+        f"{model_dir} (it is taken over once 300s old)")
+
+
 def test_a_lost_lock_stops_the_commit(model_dir):
     held = run_lock.acquire(model_dir)
     write_lock(model_dir, run_id="intruder")

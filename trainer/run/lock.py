@@ -203,6 +203,11 @@ def acquire(model_dir: str) -> RunLock:
         token, holder = storage_lock.claim(store, info, model_dir)
     except _storage_errors() as e:
         raise _cannot_lock(path, storage_reason(e)) from None
+    if holder is not None and holder.unreadable:
+        raise TrainerError(
+            f"{path}: {holder.describe(time.time())}, so no run can be named as its "
+            f"holder; remove it if no run is using {model_dir} (it is taken over once "
+            f"{storage_lock.STALE_SECONDS:.0f}s old)")
     if holder is not None:
         raise TrainerError(
             f"{model_dir}: in use by {holder.describe(time.time())}; one run per "
