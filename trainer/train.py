@@ -18,7 +18,7 @@ a line pointing at the other worker, rather than waiting for it.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Optional, Sequence
+from typing import Iterator, Sequence
 
 import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
@@ -33,6 +33,7 @@ from trainer.loop.build import build_controller
 from trainer.model import export, models
 from trainer.preflight import Run, preflight
 from trainer.run import checkpoint_repair, dataset_pin, lock as run_lock, outputs
+from trainer.run.claim import Claim
 
 
 def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict:
@@ -60,27 +61,28 @@ def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict
         # Initial weights (and Python/NumPy randomness); the input order is
         # seeded in `trainer.data.input_pipeline`.
         tf_keras.utils.set_random_seed(config.seed)
-    with _holding_model_dir(run) as lock:
-        run_id = lock.run_id if lock else "worker"
+    with _holding_model_dir(run) as claim:
         with _training_errors(run), models.precision(config.mixed_precision):
             model, optimizer = models.build(config, run.strategy, run.total_steps)
-            result = build_controller(run, model, optimizer, callbacks).run()
-            staged = _export(run, model, run_id)
-        metrics = _metrics(run, result, run_id)
-        if lock is not None:
+            result = build_controller(run, model, optimizer, claim, callbacks).run()
+            staged = _export(run, model, claim)
+        metrics = _metrics(run, result, claim.run_id)
+        if run.role.chief:
             run.pin.check()
-            lock.check_held(config.model_dir)
+            claim.check(leftover=staged)
             _commit(config.model_dir, staged, metrics)
     return metrics
 
 
 @contextlib.contextmanager
-def _holding_model_dir(run: Run) -> Iterator[Optional[run_lock.RunLock]]:
+def _holding_model_dir(run: Run) -> Iterator[Claim]:
     """The chief holds ``model_dir``'s lock for the run (`trainer.run.lock`),
-    clears what interrupted runs left, applies ``--restart`` and pins the
-    dataset (refusing another one on resume). Other workers hold nothing."""
+    clears what interrupted runs left, applies ``--restart`` and checks the
+    dataset against the pin on resume; the claim records the pin once the
+    restore has passed its checks too (`trainer.run.claim`). Other workers
+    hold nothing."""
     if not run.role.chief:
-        yield None
+        yield Claim(run.config.model_dir, None, run.pin)
         return
     config = run.config
     lock = run_lock.acquire(config.model_dir)
@@ -89,20 +91,21 @@ def _holding_model_dir(run: Run) -> Iterator[Optional[run_lock.RunLock]]:
         outputs.discard_stale_exports(config.model_dir)
         if config.restart:
             checkpoint_repair.discard(directory)
-        dataset_pin.pin_run(config.model_dir, run.pin,
-                            resuming=bool(checkpoint_repair.list_checkpoints(directory)),
-                            allow_new=config.allow_new_dataset)
-        yield lock
+        dataset_pin.check_resume(config.model_dir, run.pin,
+                                 resuming=bool(checkpoint_repair.list_checkpoints(directory)),
+                                 allow_new=config.allow_new_dataset)
+        yield Claim(config.model_dir, lock, run.pin)
     finally:
         lock.release()
 
 
-def _export(run: Run, model: tf_keras.Model, run_id: str) -> str:
+def _export(run: Run, model: tf_keras.Model, claim: Claim) -> str:
     """Exports from the run's own data: the chief into a staging folder for
     `_commit`, other workers (who must take part) into their scratch folder."""
     run.pin.check()
+    claim.check()
     model_dir = run.config.model_dir
-    staged = (outputs.staging_dir(model_dir, run_id) if run.role.chief
+    staged = (outputs.staging_dir(model_dir, claim.run_id) if run.role.chief
               else run.role.write_dir(model_dir, outputs.EXPORT))
     export.export_model(model, staged)
     run.role.discard_scratch(model_dir)

@@ -25,6 +25,7 @@ from mnist_contract import join_path
 from trainer.config import TrainConfig
 from trainer.errors import TrainerError, os_reason
 from trainer.run import checkpoint_repair, outputs, resume
+from trainer.run.claim import Claim
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +43,10 @@ class RunCheckpoints:
 
     def __init__(self, config: TrainConfig, role: outputs.Role, model, optimizer,
                  steps_per_epoch: int, *, share: Optional[Callable] = None,
-                 replicas: int = 1):
+                 replicas: int = 1, claim: Optional[Claim] = None):
         self.config, self.role, self.share, self.replicas = config, role, share, replicas
+        # Accepted after the restore's checks, checked before each save (`trainer.run.claim`).
+        self.claim = claim or Claim(config.model_dir, None, None)
         self.model, self.optimizer, self.steps_per_epoch = model, optimizer, steps_per_epoch
         self.state = tf.Variable("", dtype=tf.string, trainable=False, name=STATE_NAME)
         self.checkpoint = self._new_checkpoint()
@@ -68,7 +71,8 @@ class RunCheckpoints:
         """Restores the newest checkpoint that restores; returns the step to start from.
 
         Only the chief repairs the state file; with ``--restart`` (the chief
-        has deleted the checkpoints) the others restore nothing.
+        has deleted the checkpoints) the others restore nothing. Once the
+        checkpoint's settings have passed, the run is accepted (`Claim.accept`).
         """
         checkpoint_repair.clean_temp(self.directory)
         latest = ""
@@ -83,6 +87,7 @@ class RunCheckpoints:
         step = int(self.optimizer.iterations.numpy())
         self.saved_step = step if latest else None
         self._check_same_start(step)
+        self.claim.accept()
         return step
 
     def _restore(self, prefix: str) -> None:
@@ -115,6 +120,7 @@ class RunCheckpoints:
 
     def save(self, step: int) -> None:
         """Saves ``ckpt-<step>`` with the history; a storage failure is one line."""
+        self.claim.check()
         self.state.assign(json.dumps({
             "model": self.config.model, "history": self.history,
             "settings": resume.saved_settings(self.config, self.steps_per_epoch)}))
