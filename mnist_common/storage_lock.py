@@ -262,7 +262,9 @@ class HeldLock:
         self._backend = backend
         self._info = info
         self._token = token
-        self._mutex = threading.Lock()
+        # Re-entrant: a signal handler may release the lock while the main
+        # thread, which it interrupted, is releasing it.
+        self._mutex = threading.RLock()
         self._stop = threading.Event()
         self.lost = ""
         self._thread = threading.Thread(target=self._beat, daemon=True,

@@ -32,7 +32,7 @@ from trainer.errors import TrainerError, TrainerInputError, os_reason, summarize
 from trainer.loop.build import build_controller
 from trainer.model import export, models
 from trainer.preflight import Run, preflight
-from trainer.run import checkpoint_repair, dataset_pin, lock as run_lock, outputs
+from trainer.run import checkpoint_repair, dataset_pin, lock as run_lock, outputs, preemption
 from trainer.run.claim import Claim
 
 
@@ -85,7 +85,9 @@ def _holding_model_dir(run: Run) -> Iterator[Claim]:
         yield Claim(run.config.model_dir, None, run.pin)
         return
     config = run.config
-    lock = run_lock.acquire(config.model_dir)
+    with preemption.deferred():  # a signal that ends the process releases it too
+        lock = run_lock.acquire(config.model_dir)
+        preemption.at_stop(lock.release)
     try:
         directory = join_path(config.model_dir, outputs.CHECKPOINTS)
         outputs.discard_stale_exports(config.model_dir)
@@ -97,6 +99,7 @@ def _holding_model_dir(run: Run) -> Iterator[Claim]:
         yield Claim(config.model_dir, lock, run.pin)
     finally:
         lock.release()
+        preemption.forget(lock.release)
 
 
 def _export(run: Run, model: tf_keras.Model, claim: Claim) -> str:
