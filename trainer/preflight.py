@@ -55,7 +55,8 @@ def preflight(config: TrainConfig, callbacks: Sequence = ()) -> Run:
     pin = DatasetPin.of(config.data, manifest, raw)
     train_files = split_files(config.data, manifest, "train")
     test_files = split_files(config.data, manifest, "test")
-    strategy = strategy_lib.make_strategy(config.strategy, config.tpu, config.cpu_replicas)
+    strategy = strategy_lib.make_strategy(config.strategy, config.tpu, config.cpu_replicas,
+                                          config.cluster_timeout)
     spe = _check_inputs(config, strategy, train_files, test_files)
     if config.loop == "custom" and callbacks:
         raise TrainerInputError("Keras callbacks need --loop=keras")
