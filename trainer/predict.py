@@ -130,6 +130,9 @@ def split_batches(data_dir: str, split: str, limit: Optional[int]) -> Iterator[d
             yield {k: v.numpy() for k, v in batch.items()}
     except tf.errors.OpError as e:  # corrupt records are bad input, an I/O error is not
         corrupt = isinstance(e, (tf.errors.DataLossError, tf.errors.InvalidArgumentError))
+        found = input_pipeline.find_bad_file(files) if corrupt else None
+        if found:
+            raise TrainerInputError(f"{found[0]}: {found[1]}") from None
         raise (TrainerInputError if corrupt else TrainerError)(
             f"{data_dir}: cannot read split {split!r} ({summarize_error(e)})") from None
 

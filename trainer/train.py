@@ -8,8 +8,10 @@ return the same dict and write the same layout under ``model_dir``
 
 Expected failures surface as `TrainerError` with one line naming the file or
 setting: among them a corrupt record, which TensorFlow reports as
-``DataLossError: corrupted record at <offset>`` with no file name; the file
-is then found by reading the shards one at a time. Under multi-worker
+``DataLossError: corrupted record at <offset>`` with no file name, and a
+record that is no MNIST example (a label outside 0-9, an image of another
+size: a failed check of the parse); the file and the record are then found
+by reading the shards one at a time. Under multi-worker
 training the worker that read the bad shard says so and exits; the others'
 collectives then abort (the peer closed its connection) and they exit with
 a line pointing at the other worker, rather than waiting for it.
@@ -158,9 +160,9 @@ def _training_errors(run: Run) -> Iterator[None]:
         changed = run.pin.changed()
         if changed:
             raise dataset_pin.changed_error(run.config.data, changed) from None
-        if isinstance(e, tf.errors.DataLossError):
-            raise _corrupt_data_error(e, run) from None
-        raise
+        if isinstance(e, tf.errors.NotFoundError):
+            raise
+        raise _bad_data_error(e, run) from None
     except (tf.errors.UnavailableError, tf.errors.AbortedError,
             tf.errors.CancelledError) as e:
         if not strategy_lib.is_multi_worker(run.strategy):
@@ -180,10 +182,15 @@ def _collective_reason(error: tf.errors.OpError) -> str:
     return summarize_error(error)
 
 
-def _corrupt_data_error(error: tf.errors.DataLossError, run: Run) -> TrainerError:
+def _bad_data_error(error: tf.errors.OpError, run: Run) -> TrainerError:
+    """The file (and record) at fault for a read or parse error of an unchanged
+    dataset (`trainer.data.input_pipeline.find_bad_file`), else the error's gist."""
     for split in (run.train_files, run.test_files):
-        found = input_pipeline.find_corrupt_file(split)
+        found = input_pipeline.find_bad_file(split)
         if found:
             path, message = found
-            return TrainerInputError(f"{path}: corrupt TFRecord data ({message})")
-    return TrainerInputError(f"data loss while reading the shards: {summarize_error(error)}")
+            return TrainerInputError(f"{path}: {message}")
+    if isinstance(error, tf.errors.DataLossError):
+        return TrainerInputError(f"data loss while reading the shards: "
+                                 f"{summarize_error(error)}")
+    raise error

@@ -239,3 +239,39 @@ def test_a_refused_bucket_lookup_does_not_stop_a_new_gs_model_dir(monkeypatch):
     with pytest.raises(TrainerError, match=r"bucket gs://gone does not exist"):
         outputs.make_model_dir("gs://gone/m")
     assert made == ["gs://objects-only/runs/m"]
+
+
+BAD_RECORDS = {
+    "label 42": (bytes(784), 42, "label 42 is not a class (0-9)"),
+    "label -1": (bytes(784), -1, "label -1 is not a class (0-9)"),
+    "700-byte image": (bytes(700), 3, "an image of 700 bytes, not 784 (28x28)"),
+}
+
+
+@pytest.mark.parametrize("loop,split,bad", [
+    ("keras", "train", "label 42"), ("custom", "test", "label -1"),
+    ("custom", "train", "700-byte image"), ("keras", "test", "700-byte image"),
+])
+def test_a_bad_record_under_a_consistent_manifest_is_named(out, tmp_path, capsys, loop,
+                                                           split, bad):
+    """The manifest's sizes and sha256s fit the damage: only the parse's
+    checks see it. One line: the file, the record, the split, what is wrong."""
+    image, label, what = BAD_RECORDS[bad]
+    path = trainer_data.replace_record(out, split, 1, 2, 3,
+                                       trainer_data.example_bytes(image, label))
+    assert run(out, str(tmp_path / "m"), f"--loop={loop}") == 2
+    assert one_error(capsys) == f"error: {path}: record 3 of split {split!r}: {what}"
+
+
+def test_predict_refuses_a_split_with_a_bad_record(out, tmp_path, capsys):
+    """Not an accuracy over a label of 42: the same line as the trainer's, exit 2."""
+    from trainer import predict
+    assert run(out, str(tmp_path / "m")) == 0
+    path = trainer_data.replace_record(out, "test", 0, 2, 2,
+                                       trainer_data.example_bytes(bytes(784), 42))
+    capsys.readouterr()
+    assert predict.main([f"--model_dir={tmp_path / 'm'}", f"--data={out}"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == (f"error: {path}: record 2 of split 'test': label 42 is "
+                            "not a class (0-9)\n")
+    assert "accuracy=" not in captured.out
