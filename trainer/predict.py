@@ -80,6 +80,8 @@ def read_png(path: str) -> np.ndarray:
     fails to read is a failure at run time.
     """
     try:
+        if tf.io.gfile.isdir(path):
+            raise TrainerInputError(f"{path}: a directory, not a PNG file")
         with tf.io.gfile.GFile(path, "rb") as f:
             blob = f.read()
     except tf.errors.NotFoundError as e:

@@ -275,3 +275,67 @@ def test_predict_refuses_a_split_with_a_bad_record(out, tmp_path, capsys):
     assert captured.err == (f"error: {path}: record 2 of split 'test': label 42 is "
                             "not a class (0-9)\n")
     assert "accuracy=" not in captured.out
+
+
+@pytest.mark.parametrize("loop", ["keras", "custom"])
+def test_a_diverged_run_stops_before_saving_it(out, tmp_path, capsys, loop):
+    """A loss of NaN: one line, exit 1, no checkpoint, export or metrics.json
+    (whose JSON would say NaN)."""
+    model_dir = tmp_path / "m"
+    assert run(out, str(model_dir), f"--loop={loop}", "--learning_rate=1e30") == 1
+    line = one_error(capsys)
+    assert line.startswith("error: training diverged: the loss is nan at step 2; "), line
+    assert not list(model_dir.glob("checkpoints/ckpt-*"))
+    assert not (model_dir / "export").exists() and not (model_dir / "metrics.json").exists()
+
+
+def test_model_dir_and_data_apart(out, tmp_path, capsys):
+    """The run's files never land among the dataset's."""
+    for model_dir, how in [(out, "is"), (f"{out}/run", "is inside"),
+                           (os.path.dirname(out), "holds")]:
+        assert run(out, model_dir) == 2
+        assert one_error(capsys) == (f"error: {model_dir}: --model_dir {how} --data "
+                                     f"({out}); the run's files would mix with the "
+                                     "dataset's")
+    assert sorted(os.listdir(out)) == sorted(
+        ["manifest.json"] + [contract.shard_filename(s, i, 2) for s in ("train", "test")
+                             for i in range(2)])
+
+
+def test_model_dir_layout_and_links_checked_before_training(out, tmp_path, capsys):
+    """A dangling symbolic link as --model_dir, a file where checkpoints/ goes:
+    one line each before any step (not a lock error, not after an epoch)."""
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "nowhere")
+    assert run(out, str(link)) == 2
+    assert one_error(capsys) == (f"error: {link}: --model_dir is a symbolic link to "
+                                 f"{tmp_path / 'nowhere'}, which does not exist")
+    model_dir = tmp_path / "m"
+    model_dir.mkdir()
+    (model_dir / "checkpoints").write_text("x")
+    assert run(out, str(model_dir)) == 2
+    assert one_error(capsys) == (f"error: {model_dir}/checkpoints: a file where the run "
+                                 "keeps its checkpoints folder")
+    assert sorted(os.listdir(model_dir)) == ["checkpoints"]
+
+
+def test_a_pin_that_cannot_be_written_is_one_line(out, tmp_path, capsys):
+    """dataset.json a folder, --allow_new_dataset given: the write fails in one line."""
+    model_dir = tmp_path / "m"
+    assert run(out, str(model_dir)) == 0
+    (model_dir / "dataset.json").unlink()
+    (model_dir / "dataset.json").mkdir()
+    capsys.readouterr()
+    assert run(out, str(model_dir), "--epochs=2", "--allow_new_dataset") == 1
+    assert one_error(capsys) == (f"error: {model_dir}/dataset.json: cannot record the "
+                                 "dataset (Is a directory)")
+
+
+def test_predict_names_a_directory_given_as_a_png(out, tmp_path, capsys):
+    from trainer import predict
+    assert run(out, str(tmp_path / "m")) == 0
+    folder = tmp_path / "digits"
+    folder.mkdir()
+    capsys.readouterr()
+    assert predict.main([f"--model_dir={tmp_path / 'm'}", str(folder)]) == 2
+    assert one_error(capsys) == f"error: {folder}: a directory, not a PNG file"

@@ -28,7 +28,7 @@ import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 
 import mnist_contract as contract
-from trainer.errors import TrainerError, TrainerInputError, summarize_error
+from trainer.errors import TrainerError, TrainerInputError, os_reason, summarize_error
 from trainer.run import outputs
 
 log = logging.getLogger(__name__)
@@ -141,4 +141,8 @@ def check_resume(model_dir: str, pin: DatasetPin, *, resuming: bool, allow_new: 
 
 def record(model_dir: str, pin: DatasetPin) -> None:
     """Writes ``pin`` to ``model_dir/dataset.json`` (after `check_resume`)."""
-    outputs.write_text(contract.join_path(model_dir, PIN_FILE), pin.to_json())
+    path = contract.join_path(model_dir, PIN_FILE)
+    try:
+        outputs.write_text(path, pin.to_json())
+    except tf.errors.OpError as e:
+        raise TrainerError(f"{path}: cannot record the dataset ({os_reason(e)})") from None
