@@ -129,18 +129,22 @@ def input_ratio(split: splits.SplitFiles, images, labels, batch: int, batches: i
     warm_up = 10_000 // batch + 50 + (len(images) // batch if cache else 0)
 
     def window(build):
-        def go():
-            it = iter(build().prefetch(tf.data.AUTOTUNE))
-            for _ in range(warm_up):
-                next(it)
-            t0 = time.perf_counter()
-            for _ in range(batches):
-                next(it)
-            seconds = time.perf_counter() - t0
-            del it
-            return batches * batch / seconds
-        return go
+        return lambda: timed_window(build, warm_up, batches, batch)
     return paired(repeats, window(records), window(arrays))
+
+
+def timed_window(build, warm_up: int, batches: int, batch: int) -> float:
+    """Examples/s of ``batches`` batches of a fresh iterator over ``build()``,
+    after ``warm_up`` batches; the iterator is deleted after."""
+    it = iter(build().prefetch(tf.data.AUTOTUNE))
+    for _ in range(warm_up):
+        next(it)
+    t0 = time.perf_counter()
+    for _ in range(batches):
+        next(it)
+    seconds = time.perf_counter() - t0
+    del it
+    return batches * batch / seconds
 
 
 def parse_check_ratio(split: splits.SplitFiles, batch: int, batches: int,
@@ -153,19 +157,11 @@ def parse_check_ratio(split: splits.SplitFiles, batch: int, batches: int,
         pass
 
     def window(checked: bool):
-        def go():
-            it = iter(held.repeat().map(
+        def build():
+            return held.repeat().map(
                 lambda s: input_pipeline.decode_batch(s, split.image_format, checked),
-                num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE))
-            for _ in range(20):  # warm-up
-                next(it)
-            seconds = time.perf_counter()
-            for _ in range(batches):
-                next(it)
-            seconds = time.perf_counter() - seconds
-            del it
-            return batches * batch / seconds
-        return go
+                num_parallel_calls=tf.data.AUTOTUNE)
+        return lambda: timed_window(build, 20, batches, batch)
     return paired(repeats, window(True), window(False))
 
 

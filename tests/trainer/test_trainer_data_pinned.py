@@ -101,13 +101,20 @@ def test_metrics_and_dataset_json_name_the_dataset(tmp_path):
         for s in manifest.splits[name].shards]
 
 
-def test_resume_on_another_dataset_needs_the_flag(tmp_path, capsys):
+def trained_then_republished(tmp_path, capsys) -> tuple[str, str, str]:
+    """(data, model_dir, the first data's manifest sha256): one epoch trained
+    on a dataset, then another dataset published in its place."""
     data, model_dir = str(tmp_path / "data"), str(tmp_path / "m")
     trainer_data.write_dataset(data, **SIZES)
     old = manifest_sha(data)
     assert run(data, model_dir, "--epochs=1") == 0
     republish(data)
     capsys.readouterr()
+    return data, model_dir, old
+
+
+def test_resume_on_another_dataset_needs_the_flag(tmp_path, capsys):
+    data, model_dir, old = trained_then_republished(tmp_path, capsys)
     assert run(data, model_dir, "--epochs=2") == 2
     assert one_error(capsys) == (
         f"error: --data={data}: {model_dir} was trained on {data} (manifest sha256 "
@@ -124,12 +131,7 @@ def test_a_refused_run_does_not_pin_its_data(tmp_path, capsys):
     """--allow_new_dataset with a setting the checkpoints refuse: the run is
     refused and dataset.json still names the data the model was trained on,
     so a plain resume on the new data is refused in turn."""
-    data, model_dir = str(tmp_path / "data"), str(tmp_path / "m")
-    trainer_data.write_dataset(data, **SIZES)
-    old = manifest_sha(data)
-    assert run(data, model_dir, "--epochs=1") == 0
-    republish(data)
-    capsys.readouterr()
+    data, model_dir, old = trained_then_republished(tmp_path, capsys)
     assert run(data, model_dir, "--epochs=2", "--allow_new_dataset",
                "--global_batch_size=16") == 2
     assert one_error(capsys).startswith("error: --global_batch_size=16: ")

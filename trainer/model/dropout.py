@@ -41,8 +41,10 @@ class StepDropout(keras.layers.Dropout):
             return super().call(inputs, training=training)
         if training is None:
             training = keras.backend.learning_phase()
-        return tf.__internal__.smart_cond.smart_cond(
-            training, lambda: self._drop(inputs), lambda: tf.identity(inputs))
+        if isinstance(training, (bool, int)):
+            return self._drop(inputs) if training else inputs
+        return tf.cond(tf.cast(training, tf.bool), lambda: self._drop(inputs),
+                       lambda: tf.identity(inputs))
 
     def _drop(self, inputs):
         seed = tf.stack([tf.constant(self._base_seed, tf.int64),
