@@ -10,6 +10,11 @@
    twice: as read from the files every epoch (the bar), and with ``--cache``
    (after the first epoch, records come from memory; information). Stage
    lines then show where the TFRecord side spends its time.
+   The parse's checks (every label a class, every image 28x28:
+   `trainer.data.input_pipeline.decode_batch`): examples/s of the checked
+   parse ÷ the same parse unchecked, on batches in memory. Bar: >= 0.8
+   (parsing alone runs at hundreds of thousands of examples/s on 2 cores,
+   far above what a training step takes in).
 2. The host-bound reference: steps/s of ``fit`` on a linear model (almost
    no compute per step) with ``steps_per_execution=50`` ÷ ``=1``. Bar:
    >= 1.5. It measures the per-step cost outside the graph that multi-step
@@ -59,7 +64,7 @@ from trainer.data import input_pipeline, splits  # noqa: E402
 from trainer.loop import custom_loop, keras_loop  # noqa: E402
 from trainer.model import models as model_lib  # noqa: E402
 
-BARS = {"input": 0.9, "keras_linear": 1.5}
+BARS = {"input": 0.9, "parse_checks": 0.8, "keras_linear": 1.5}
 
 
 def rate(fn, units: int) -> float:
@@ -124,18 +129,40 @@ def input_ratio(split: splits.SplitFiles, images, labels, batch: int, batches: i
     warm_up = 10_000 // batch + 50 + (len(images) // batch if cache else 0)
 
     def window(build):
-        def go():
-            it = iter(build().prefetch(tf.data.AUTOTUNE))
-            for _ in range(warm_up):
-                next(it)
-            t0 = time.perf_counter()
-            for _ in range(batches):
-                next(it)
-            seconds = time.perf_counter() - t0
-            del it
-            return batches * batch / seconds
-        return go
+        return lambda: timed_window(build, warm_up, batches, batch)
     return paired(repeats, window(records), window(arrays))
+
+
+def timed_window(build, warm_up: int, batches: int, batch: int) -> float:
+    """Examples/s of ``batches`` batches of a fresh iterator over ``build()``,
+    after ``warm_up`` batches; the iterator is deleted after."""
+    it = iter(build().prefetch(tf.data.AUTOTUNE))
+    for _ in range(warm_up):
+        next(it)
+    t0 = time.perf_counter()
+    for _ in range(batches):
+        next(it)
+    seconds = time.perf_counter() - t0
+    del it
+    return batches * batch / seconds
+
+
+def parse_check_ratio(split: splits.SplitFiles, batch: int, batches: int,
+                      repeats: int) -> Paired:
+    """Examples/s of `input_pipeline.decode_batch` with its checks ÷ without,
+    on 64 serialized batches held in memory (parsing alone), in paired windows."""
+    held = (tf.data.TFRecordDataset(list(split.files)).batch(batch, drop_remainder=True)
+            .take(64).cache())
+    for _ in held:  # fills the cache
+        pass
+
+    def window(checked: bool):
+        def build():
+            return held.repeat().map(
+                lambda s: input_pipeline.decode_batch(s, split.image_format, checked),
+                num_parallel_calls=tf.data.AUTOTUNE)
+        return lambda: timed_window(build, 20, batches, batch)
+    return paired(repeats, window(True), window(False))
 
 
 def _stage_pipelines(split: splits.SplitFiles, images, batch: int) -> dict:
@@ -298,6 +325,8 @@ def measure(args: argparse.Namespace, split: splits.SplitFiles, images, labels) 
                   "examples/s", "TFRecord shards", "from_tensor_slices uncached"),
         "input_cached": (input_ratio(split, images, labels, b, n, r, cache=True),
                          "examples/s", "TFRecord shards, --cache", "from_tensor_slices"),
+        "parse_checks": (parse_check_ratio(split, b, n, r),
+                         "examples/s", "parse with checks", "without"),
         "keras": (keras_ratio(split, b, steps, fr),
                   "steps/s", "fit (progress bar) steps_per_execution=50", "=1"),
         "keras_quiet": (keras_ratio(split, b, steps, fr, verbose=0),

@@ -78,8 +78,10 @@ import time
 from typing import Optional
 
 LOCK_FILE = ".lock"
-HEARTBEAT_SECONDS = 10.0
-STALE_SECONDS = 300.0
+# Read here, at import, from the environment when set there: tests that run a
+# job or trainer as a process shorten them (in-process tests patch them).
+HEARTBEAT_SECONDS = float(os.environ.get("MNIST_LOCK_HEARTBEAT_SECONDS", "10"))
+STALE_SECONDS = float(os.environ.get("MNIST_LOCK_STALE_SECONDS", "300"))
 # Comma-separated host names known to be gone (deleted VMs): a lock held
 # from one of them is taken over at once.
 DEAD_HOSTS_ENV = "MNIST_LOCK_DEAD_HOSTS"
@@ -117,7 +119,15 @@ class LockInfo:
         except (ValueError, KeyError, TypeError, AttributeError):
             return cls("?", "?", -1, heartbeat, heartbeat)
 
+    @property
+    def unreadable(self) -> bool:
+        """Parsed from bytes that name no run (empty, half written, garbage)."""
+        return self.run_id == "?" and self.pid == -1
+
     def describe(self, now: float) -> str:
+        if self.unreadable:
+            return (f"an unreadable lock file (empty or not a run's JSON), last written "
+                    f"{max(0, now - self.heartbeat):.0f}s ago")
         started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started))
         return (f"run {self.run_id} (host {self.host}, pid {self.pid}, started "
                 f"{started}, heartbeat {max(0, now - self.heartbeat):.0f}s ago)")
@@ -268,7 +278,9 @@ class HeldLock:
         self._backend = backend
         self._info = info
         self._token = token
-        self._mutex = threading.Lock()
+        # Re-entrant: a signal handler may release the lock while the main
+        # thread, which it interrupted, is releasing it.
+        self._mutex = threading.RLock()
         self._stop = threading.Event()
         self.lost = ""
         self._thread = threading.Thread(target=self._beat, daemon=True,

@@ -424,7 +424,7 @@ def plan(step: str, cfg: TpuConfig, pyproject: Mapping) -> list[lc.Command]:
 
 # The trainer's exit status after a clean stop on a signal (trainer/run/preemption.py:
 # 128 + the signal number): a checkpoint of that step is saved.
-STOPPED_BY_SIGNAL = {143: "SIGTERM", 130: "SIGINT"}
+STOPPED_BY_SIGNAL = {143: "SIGTERM", 130: "SIGINT", 129: "SIGHUP"}
 
 
 def exit_note(code: int) -> str:

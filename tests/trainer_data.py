@@ -99,3 +99,39 @@ def read_metrics(model_dir: str) -> dict:
     """The ``model_dir/metrics.json`` a finished run wrote (see trainer/run/outputs.py)."""
     with tf.io.gfile.GFile(contract.join_path(model_dir, "metrics.json"), "r") as f:
         return json.loads(f.read())
+
+
+def replace_record(out_dir: str, split: str, shard: int, of: int, position: int,
+                   serialized: bytes) -> str:
+    """Puts ``serialized`` in place of the record at ``position`` of one shard
+    and rewrites manifest.json with the shard's new size and sha256, so the
+    manifest agrees with the damage; returns the shard's path."""
+    path = contract.join_path(out_dir, contract.shard_filename(split, shard, of))
+    records = [r.numpy() for r in tf.data.TFRecordDataset(path)]
+    records[position] = serialized
+    with tf.io.TFRecordWriter(path) as w:
+        for record in records:
+            w.write(record)
+    with tf.io.gfile.GFile(path, "rb") as f:
+        blob = f.read()
+    manifest_path = contract.join_path(out_dir, contract.MANIFEST_FILE)
+    with tf.io.gfile.GFile(manifest_path, "r") as f:
+        raw = json.loads(f.read())
+    listed = raw["splits"][split]
+    for entry in listed["shards"]:
+        if entry["file"] == contract.shard_filename(split, shard, of):
+            entry.update(num_bytes=len(blob), sha256=hashlib.sha256(blob).hexdigest())
+    listed["num_bytes"] = sum(entry["num_bytes"] for entry in listed["shards"])
+    with tf.io.gfile.GFile(manifest_path, "w") as f:
+        f.write(json.dumps(raw, indent=2))
+    return path
+
+
+def example_bytes(image: bytes, label: int, index: int = 0) -> bytes:
+    """A serialized Example with the contract's keys holding any raw image bytes
+    and any label (what a broken writer could produce)."""
+    return tf.train.Example(features=tf.train.Features(feature={
+        contract.IMAGE_KEY: tf.train.Feature(bytes_list=tf.train.BytesList(value=[image])),
+        contract.LABEL_KEY: tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
+        contract.INDEX_KEY: tf.train.Feature(int64_list=tf.train.Int64List(value=[index])),
+    })).SerializeToString()

@@ -5,9 +5,9 @@ whose default ``--preset=auto`` is settled once TensorFlow has started
 quietly), `trainer.train.train_and_evaluate`, one line of final metrics. Expected
 failures (`TrainerError`) end with one line on stderr, no traceback, and the
 exit status of the table in README.md (`mnist_common.console`): a flag that
-`trainer.config` refuses is a bad flag (2). A stop on SIGTERM or SIGINT
-(`trainer.run.preemption`) ends with one line and exit status 143 or 130; so
-does Ctrl-C outside training.
+`trainer.config` refuses is a bad flag (2). A stop on SIGTERM, SIGINT or
+SIGHUP (`trainer.run.preemption`), during training or outside it, ends with
+one line and exit status 128 + the signal's number.
 
 TensorFlow's C++ start-up lines are dropped (`mnist_common.console`); the
 level ``TF_CPP_MIN_LOG_LEVEL`` (default 2, errors only) decides what
@@ -24,14 +24,13 @@ from mnist_common import console
 console.set_tensorflow_log_level()
 
 import logging  # noqa: E402
-import signal  # noqa: E402
 import sys  # noqa: E402
 from typing import Optional, Sequence  # noqa: E402
 
 import trainer  # noqa: E402,F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 from trainer.config import TrainConfig, parse_flags, strategy_is_tpu  # noqa: E402
 from trainer.errors import TrainerError, TrainerInputError  # noqa: E402
-from trainer.run.preemption import EXIT_STATUS, Stopped  # noqa: E402
+from trainer.run.preemption import ProcessSignals, Stopped  # noqa: E402
 
 
 class _StartFailed(Exception):
@@ -42,16 +41,15 @@ class _StartFailed(Exception):
 def _quiet_tensorflow_start(config: TrainConfig) -> None:
     """Imports TensorFlow (and, for a local run, finds its devices), start-up lines dropped.
 
-    Finding the devices starts TensorFlow's runtime, after which a CPU split
-    (``--cpu_replicas``, made here first), a multi-worker strategy or a TPU
-    connection can no longer be set up; so runs that may need one of those
-    only import TensorFlow here.
+    Listing the physical devices (where TensorFlow logs ``cuInit`` on a
+    machine without a GPU) leaves a CPU split (``--cpu_replicas``, made here
+    first) and a multi-worker strategy possible; a TPU connection is not, so
+    runs that may need one only import TensorFlow here.
     """
     if "tensorflow" in sys.modules:
         return
-    local = config.strategy in ("mirrored", "default") or (
-        config.strategy == "auto" and not config.tpu and not os.environ.get("TPU_NAME")
-        and not os.environ.get("TF_CONFIG"))
+    local = config.strategy in ("mirrored", "default", "multi_worker") or (
+        config.strategy == "auto" and not config.tpu and not os.environ.get("TPU_NAME"))
     with console.tensorflow_start():
         import tensorflow as tf
         from trainer import strategy as strategy_lib
@@ -84,21 +82,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # The trainer's own INFO lines; only warnings from TensorFlow and absl.
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("trainer").setLevel(logging.INFO)
-    try:
-        config = _parse_flags(argv)
-        _quiet_tensorflow_start(config)
-        from trainer.train import train_and_evaluate  # imports TensorFlow
-        metrics = train_and_evaluate(config)
-    except TrainerError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_status
-    except Stopped as e:
-        print(e, file=sys.stderr)
-        return e.exit_status
-    except KeyboardInterrupt:  # Ctrl-C before or after the steps: nothing to save
-        print("interrupted (SIGINT) outside the training steps; a rerun resumes from "
-              "the last checkpoint, if any", file=sys.stderr)
-        return EXIT_STATUS[signal.SIGINT]
+    with ProcessSignals():  # a signal outside the training steps: one line, 128 + N
+        try:
+            config = _parse_flags(argv)
+            _quiet_tensorflow_start(config)
+            from trainer.train import train_and_evaluate  # imports TensorFlow
+            metrics = train_and_evaluate(config)
+        except TrainerError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return e.exit_status
+        except Stopped as e:
+            print(e, file=sys.stderr)
+            return e.exit_status
     print(f"test_loss={metrics['test_loss']:.4f} "
           f"test_accuracy={metrics['test_accuracy']:.4f} "
           f"test_examples={metrics['test_examples']} "

@@ -75,6 +75,9 @@ class TrainConfig:
                                 shown="$TPU_NAME, else local")
     cpu_replicas: int = _field(0, "split the CPU into N logical devices "
                                   "(MirroredStrategy); 0: off")
+    cluster_timeout: float = _field(180.0, "seconds every TF_CONFIG task has to answer "
+                                           "at start, after which the run ends naming "
+                                           "those that did not")
     mixed_precision: str = _field("none", "bfloat16: mixed_bfloat16 policy, "
                                           "logits kept float32", choices=PRECISIONS)
     jit_compile: bool = _field(False, "XLA-compile the train step")
@@ -126,6 +129,8 @@ class TrainConfig:
                   f"--{name} must be >= 0, not {getattr(self, name)}")
         check(self.steps_per_epoch is None or self.steps_per_epoch >= 1,
               f"--steps_per_epoch must be >= 1, not {self.steps_per_epoch}")
+        check(0 < self.cluster_timeout < float("inf"),
+              f"--cluster_timeout must be a positive number, not {self.cluster_timeout}")
         check(self.learning_rate > 0 and self.learning_rate < float("inf"),
               f"--learning_rate must be a positive number, not {self.learning_rate}")
         check(self.tpu is None or self.tpu.strip() != "", "--tpu must not be empty")
@@ -262,6 +267,7 @@ def flag_parser() -> argparse.ArgumentParser:
                        or "the defaults shown") for name, values in PRESETS.items())
     p = argparse.ArgumentParser(
         prog="python -m trainer", argument_default=argparse.SUPPRESS,
+        allow_abbrev=False,  # --res would be --restart, which deletes checkpoints
         description="Train an MNIST CNN on the pipeline's TFRecords "
                     "(local path or gs://), on CPU, GPUs or a TPU.",
         epilog=f"Presets: {presets}. The defaults shown are the values without a "

@@ -39,6 +39,8 @@ def summarize_error(error: BaseException, limit: int = 160) -> str:
     line = text.strip().splitlines()[0] if text.strip() else type(error).__name__
     line = re.sub(r"\{\{[^}]*\}\}\s*", "", line)
     line = re.sub(r"\s*\[Op:.*$", "", line).strip()
+    # TF's GCS client: the reason is the last failure's, not the count of retries.
+    line = re.sub(r"^All \d+ retry attempts failed\. The last failure: ", "", line)
     line = line.split(". ")[0]
     return line[:limit] or type(error).__name__
 

@@ -80,24 +80,40 @@ def read_png(path: str) -> np.ndarray:
     fails to read is a failure at run time.
     """
     try:
+        if tf.io.gfile.isdir(path):
+            raise TrainerInputError(f"{path}: a directory, not a PNG file")
         with tf.io.gfile.GFile(path, "rb") as f:
             blob = f.read()
     except tf.errors.NotFoundError as e:
         raise TrainerInputError(f"{path}: cannot read ({summarize_error(e)})") from None
     except tf.errors.OpError as e:
         raise TrainerError(f"{path}: cannot read ({summarize_error(e)})") from None
-    if not blob.startswith(b"\x89PNG\r\n\x1a\n"):
-        raise TrainerInputError(f"{path}: not a PNG file")
+    _check_png_header(path, blob)
     try:
         image = tf.io.decode_png(blob, channels=contract.IMAGE_CHANNELS).numpy()
     except tf.errors.OpError as e:
         raise TrainerInputError(f"{path}: cannot decode the PNG "
                                 f"({summarize_error(e)})") from None
     if image.shape != contract.IMAGE_SHAPE:
-        raise TrainerInputError(f"{path}: image is {image.shape[0]}x{image.shape[1]} "
-                                f"(height x width), expected {contract.IMAGE_HEIGHT}x"
-                                f"{contract.IMAGE_WIDTH}")
+        _refuse_size(path, image.shape[0], image.shape[1])
     return image
+
+
+def _check_png_header(path: str, blob: bytes) -> None:
+    """The PNG signature, and the size its IHDR header gives, before decoding:
+    a 20000x20000 image would take gigabytes to decode only to be refused."""
+    if not blob.startswith(b"\x89PNG\r\n\x1a\n"):
+        raise TrainerInputError(f"{path}: not a PNG file")
+    if len(blob) < 24 or blob[12:16] != b"IHDR":
+        raise TrainerInputError(f"{path}: not a PNG file (no IHDR header)")
+    width, height = int.from_bytes(blob[16:20], "big"), int.from_bytes(blob[20:24], "big")
+    if (height, width) != (contract.IMAGE_HEIGHT, contract.IMAGE_WIDTH):
+        _refuse_size(path, height, width)
+
+
+def _refuse_size(path: str, height: int, width: int) -> None:
+    raise TrainerInputError(f"{path}: image is {height}x{width} (height x width), "
+                            f"expected {contract.IMAGE_HEIGHT}x{contract.IMAGE_WIDTH}")
 
 
 def split_batches(data_dir: str, split: str, limit: Optional[int]) -> Iterator[dict]:
@@ -116,6 +132,9 @@ def split_batches(data_dir: str, split: str, limit: Optional[int]) -> Iterator[d
             yield {k: v.numpy() for k, v in batch.items()}
     except tf.errors.OpError as e:  # corrupt records are bad input, an I/O error is not
         corrupt = isinstance(e, (tf.errors.DataLossError, tf.errors.InvalidArgumentError))
+        found = input_pipeline.find_bad_file(files) if corrupt else None
+        if found:
+            raise TrainerInputError(f"{found[0]}: {found[1]}") from None
         raise (TrainerInputError if corrupt else TrainerError)(
             f"{data_dir}: cannot read split {split!r} ({summarize_error(e)})") from None
 
@@ -137,7 +156,7 @@ def evaluate_split(signature, data_dir: str, split: str, limit: Optional[int],
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m trainer.predict",
+        prog="python -m trainer.predict", allow_abbrev=False,
         description="Predict digits with a trained model's export: PNG files, or a "
                     "split of the conversion job's output (then also the accuracy).")
     p.add_argument("--model_dir", required=True, help="the trainer's --model_dir")

@@ -1,6 +1,6 @@
 """Every check a run makes before it writes anything: `preflight(config) -> Run`.
 
-In order: ``--model_dir`` is not a file; the manifest reads and each
+In order: ``--model_dir`` is not a file nor the data's folder; the manifest reads and each
 split's files exist with their sizes; the strategy comes up (a CPU split or
 a multi-worker strategy must be set up before any other TensorFlow work);
 the records' format matches the manifest; the batch divides among the
@@ -50,12 +50,13 @@ class Run:
 
 def preflight(config: TrainConfig, callbacks: Sequence = ()) -> Run:
     """Checks the run once (see the module's docstring); makes ``--model_dir``."""
-    outputs.check_model_dir(config.model_dir)
+    outputs.check_model_dir(config.model_dir, config.data)
     manifest, raw = read_manifest(config.data)
     pin = DatasetPin.of(config.data, manifest, raw)
     train_files = split_files(config.data, manifest, "train")
     test_files = split_files(config.data, manifest, "test")
-    strategy = strategy_lib.make_strategy(config.strategy, config.tpu, config.cpu_replicas)
+    strategy = strategy_lib.make_strategy(config.strategy, config.tpu, config.cpu_replicas,
+                                          config.cluster_timeout)
     spe = _check_inputs(config, strategy, train_files, test_files)
     if config.loop == "custom" and callbacks:
         raise TrainerInputError("Keras callbacks need --loop=keras")

@@ -26,7 +26,7 @@ from typing import Callable, Optional, Sequence
 import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 
-from trainer import _compat
+from trainer import _compat, cluster
 from trainer.errors import TrainerError, summarize_error
 
 log = logging.getLogger(__name__)
@@ -148,7 +148,8 @@ def check_tf_config(raw: str) -> None:
 
 
 def make_strategy(kind: str = "auto", tpu: Optional[str] = None,
-                  cpu_replicas: int = 0) -> tf.distribute.Strategy:
+                  cpu_replicas: int = 0, cluster_timeout: float = 180.0
+                  ) -> tf.distribute.Strategy:
     """Returns the strategy for ``kind`` (see `trainer.config.STRATEGIES`).
 
     ``auto``: a TPU when there are signs of one (``--tpu``, ``TPU_NAME``, TPU
@@ -156,6 +157,8 @@ def make_strategy(kind: str = "auto", tpu: Optional[str] = None,
     ``TF_CONFIG`` is set, else the default (single-device) strategy.
     ``cpu_replicas > 0`` mirrors over that many logical CPU devices instead
     (`trainer.config.TrainConfig` accepts it only with auto or mirrored).
+    A ``TF_CONFIG`` cluster must start within ``cluster_timeout`` seconds
+    (`trainer.cluster.start`).
     """
     if cpu_replicas:
         devices = split_cpu(cpu_replicas)
@@ -170,7 +173,7 @@ def make_strategy(kind: str = "auto", tpu: Optional[str] = None,
             raise TrainerError("--strategy=multi_worker needs TF_CONFIG "
                                "(cluster spec and this task) in the environment")
         check_tf_config(os.environ["TF_CONFIG"])
-        return tf.distribute.MultiWorkerMirroredStrategy()
+        return cluster.start(os.environ["TF_CONFIG"], cluster_timeout)
     if kind == "default":
         return tf.distribute.get_strategy()
     if kind != "auto":
@@ -182,7 +185,7 @@ def make_strategy(kind: str = "auto", tpu: Optional[str] = None,
     if tf.config.list_physical_devices("GPU"):
         return mirrored()
     if os.environ.get("TF_CONFIG"):
-        return make_strategy("multi_worker")
+        return make_strategy("multi_worker", cluster_timeout=cluster_timeout)
     return tf.distribute.get_strategy()
 
 

@@ -8,8 +8,10 @@ return the same dict and write the same layout under ``model_dir``
 
 Expected failures surface as `TrainerError` with one line naming the file or
 setting: among them a corrupt record, which TensorFlow reports as
-``DataLossError: corrupted record at <offset>`` with no file name; the file
-is then found by reading the shards one at a time. Under multi-worker
+``DataLossError: corrupted record at <offset>`` with no file name, and a
+record that is no MNIST example (a label outside 0-9, an image of another
+size: a failed check of the parse); the file and the record are then found
+by reading the shards one at a time. Under multi-worker
 training the worker that read the bad shard says so and exits; the others'
 collectives then abort (the peer closed its connection) and they exit with
 a line pointing at the other worker, rather than waiting for it.
@@ -18,7 +20,7 @@ a line pointing at the other worker, rather than waiting for it.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Optional, Sequence
+from typing import Iterator, Sequence
 
 import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
@@ -32,7 +34,8 @@ from trainer.errors import TrainerError, TrainerInputError, os_reason, summarize
 from trainer.loop.build import build_controller
 from trainer.model import export, models
 from trainer.preflight import Run, preflight
-from trainer.run import checkpoint_repair, dataset_pin, lock as run_lock, outputs
+from trainer.run import checkpoint_repair, dataset_pin, lock as run_lock, outputs, preemption
+from trainer.run.claim import Claim
 
 
 def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict:
@@ -60,49 +63,54 @@ def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict
         # Initial weights (and Python/NumPy randomness); the input order is
         # seeded in `trainer.data.input_pipeline`.
         tf_keras.utils.set_random_seed(config.seed)
-    with _holding_model_dir(run) as lock:
-        run_id = lock.run_id if lock else "worker"
+    with _holding_model_dir(run) as claim:
         with _training_errors(run), models.precision(config.mixed_precision):
             model, optimizer = models.build(config, run.strategy, run.total_steps)
-            result = build_controller(run, model, optimizer, callbacks).run()
-            staged = _export(run, model, run_id)
-        metrics = _metrics(run, result, run_id)
-        if lock is not None:
+            result = build_controller(run, model, optimizer, claim, callbacks).run()
+            staged = _export(run, model, claim)
+        metrics = _metrics(run, result, claim.run_id)
+        if run.role.chief:
             run.pin.check()
-            lock.check_held(config.model_dir)
+            claim.check(leftover=staged)
             _commit(config.model_dir, staged, metrics)
     return metrics
 
 
 @contextlib.contextmanager
-def _holding_model_dir(run: Run) -> Iterator[Optional[run_lock.RunLock]]:
+def _holding_model_dir(run: Run) -> Iterator[Claim]:
     """The chief holds ``model_dir``'s lock for the run (`trainer.run.lock`),
-    clears what interrupted runs left, applies ``--restart`` and pins the
-    dataset (refusing another one on resume). Other workers hold nothing."""
+    clears what interrupted runs left, applies ``--restart`` and checks the
+    dataset against the pin on resume; the claim records the pin once the
+    restore has passed its checks too (`trainer.run.claim`). Other workers
+    hold nothing."""
     if not run.role.chief:
-        yield None
+        yield Claim(run.config.model_dir, None, run.pin)
         return
     config = run.config
-    lock = run_lock.acquire(config.model_dir)
+    with preemption.deferred():  # a signal that ends the process releases it too
+        lock = run_lock.acquire(config.model_dir)
+        preemption.at_stop(lock.release)
     try:
         directory = join_path(config.model_dir, outputs.CHECKPOINTS)
         outputs.discard_stale_exports(config.model_dir)
         if config.restart:
             checkpoint_repair.discard(directory)
-        dataset_pin.pin_run(config.model_dir, run.pin,
-                            resuming=bool(checkpoint_repair.list_checkpoints(directory)),
-                            allow_new=config.allow_new_dataset)
-        yield lock
+        dataset_pin.check_resume(config.model_dir, run.pin,
+                                 resuming=bool(checkpoint_repair.list_checkpoints(directory)),
+                                 allow_new=config.allow_new_dataset)
+        yield Claim(config.model_dir, lock, run.pin)
     finally:
         lock.release()
+        preemption.forget(lock.release)
 
 
-def _export(run: Run, model: tf_keras.Model, run_id: str) -> str:
+def _export(run: Run, model: tf_keras.Model, claim: Claim) -> str:
     """Exports from the run's own data: the chief into a staging folder for
     `_commit`, other workers (who must take part) into their scratch folder."""
     run.pin.check()
+    claim.check()
     model_dir = run.config.model_dir
-    staged = (outputs.staging_dir(model_dir, run_id) if run.role.chief
+    staged = (outputs.staging_dir(model_dir, claim.run_id) if run.role.chief
               else run.role.write_dir(model_dir, outputs.EXPORT))
     export.export_model(model, staged)
     run.role.discard_scratch(model_dir)
@@ -152,9 +160,9 @@ def _training_errors(run: Run) -> Iterator[None]:
         changed = run.pin.changed()
         if changed:
             raise dataset_pin.changed_error(run.config.data, changed) from None
-        if isinstance(e, tf.errors.DataLossError):
-            raise _corrupt_data_error(e, run) from None
-        raise
+        if isinstance(e, tf.errors.NotFoundError):
+            raise
+        raise _bad_data_error(e, run) from None
     except (tf.errors.UnavailableError, tf.errors.AbortedError,
             tf.errors.CancelledError) as e:
         if not strategy_lib.is_multi_worker(run.strategy):
@@ -174,10 +182,15 @@ def _collective_reason(error: tf.errors.OpError) -> str:
     return summarize_error(error)
 
 
-def _corrupt_data_error(error: tf.errors.DataLossError, run: Run) -> TrainerError:
+def _bad_data_error(error: tf.errors.OpError, run: Run) -> TrainerError:
+    """The file (and record) at fault for a read or parse error of an unchanged
+    dataset (`trainer.data.input_pipeline.find_bad_file`), else the error's gist."""
     for split in (run.train_files, run.test_files):
-        found = input_pipeline.find_corrupt_file(split)
+        found = input_pipeline.find_bad_file(split)
         if found:
             path, message = found
-            return TrainerInputError(f"{path}: corrupt TFRecord data ({message})")
-    return TrainerInputError(f"data loss while reading the shards: {summarize_error(error)}")
+            return TrainerInputError(f"{path}: {message}")
+    if isinstance(error, tf.errors.DataLossError):
+        return TrainerInputError(f"data loss while reading the shards: "
+                                 f"{summarize_error(error)}")
+    raise error

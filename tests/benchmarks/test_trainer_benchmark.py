@@ -29,11 +29,12 @@ def test_benchmark_prints_every_ratio_bar_and_stage():
     out = proc.stdout
     assert proc.returncode in (0, 1) and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     ratios = dict(re.findall(r"^(\w+)\s+.* = ([\d.]+)x", out, re.M))
-    assert set(ratios) == {"input", "input_cached", "keras", "keras_quiet", "keras_linear",
-                           "custom"}
+    assert set(ratios) == {"input", "input_cached", "parse_checks", "keras", "keras_quiet",
+                           "keras_linear", "custom"}
     assert all(float(r) > 0 for r in ratios.values())
     assert re.search(r"^input .*\(bar 0\.9x: (met|MISSED)\)", out, re.M)
     assert re.search(r"^keras_linear .*\(bar 1\.5x: (met|MISSED)\)", out, re.M)
+    assert re.search(r"^parse_checks .*\(bar 0\.8x: (met|MISSED)\)", out, re.M)
     assert not re.search(r"^(keras|keras_quiet|custom|input_cached) .*\(bar ", out, re.M)
     assert (proc.returncode == 1) == ("MISSED" in out)
     for stage in ("read + un-block + batch", "read + un-block + shuffle + batch",

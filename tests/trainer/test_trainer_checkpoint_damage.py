@@ -8,6 +8,7 @@ it resumed and that the intact checkpoints' files are byte-for-byte the same.
 
 from __future__ import annotations
 
+import logging
 import os
 
 import pytest
@@ -32,9 +33,20 @@ def resume(data, model_dir, capsys, *flags) -> tuple[int, str, str]:
     return code, out, err
 
 
+class _Lines(logging.Handler):
+    """The messages logged at WARNING and above."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
 @pytest.mark.parametrize("damage", ["garbage", "deleted"])
 def test_damaged_state_file_resumes_from_the_newest_checkpoint(trained, model_dir, capsys,
-                                                               damage):
+                                                               caplog, damage):
     state = os.path.join(model_dir, "checkpoints", "checkpoint")
     if damage == "garbage":
         with open(state, "w") as f:
@@ -42,11 +54,21 @@ def test_damaged_state_file_resumes_from_the_newest_checkpoint(trained, model_di
     else:
         os.remove(state)
     before = {4: ckpt(model_dir, 4), 8: ckpt(model_dir, 8)}
-    code, out, err = resume(trained[0], model_dir, capsys)
+    tf_logger, tf_lines = logging.getLogger("tensorflow"), _Lines()
+    tf_logger.addHandler(tf_lines)  # TensorFlow's logger does not propagate to caplog
+    try:
+        code, out, err = resume(trained[0], model_dir, capsys)
+    finally:
+        tf_logger.removeHandler(tf_lines)
     assert code == 0, err
     assert "resuming at step 8/12" in out
     assert read_metrics(model_dir)["resumed_from_step"] == 8
     assert {4: ckpt(model_dir, 4), 8: ckpt(model_dir, 8)} == before
+    # One warning of the trainer's naming the file; none of TensorFlow's (its
+    # parse error, its deprecated state writer).
+    what = "unreadable" if damage == "garbage" else "missing"
+    assert f"{state}: {what}; rewriting it to name ckpt-8" in caplog.text
+    assert tf_lines.messages == [], tf_lines.messages
 
 
 def test_truncated_newest_checkpoint_falls_back_to_the_earlier_one(trained, model_dir,

@@ -239,3 +239,103 @@ def test_a_refused_bucket_lookup_does_not_stop_a_new_gs_model_dir(monkeypatch):
     with pytest.raises(TrainerError, match=r"bucket gs://gone does not exist"):
         outputs.make_model_dir("gs://gone/m")
     assert made == ["gs://objects-only/runs/m"]
+
+
+BAD_RECORDS = {
+    "label 42": (bytes(784), 42, "label 42 is not a class (0-9)"),
+    "label -1": (bytes(784), -1, "label -1 is not a class (0-9)"),
+    "700-byte image": (bytes(700), 3, "an image of 700 bytes, not 784 (28x28)"),
+}
+
+
+@pytest.mark.parametrize("loop,split,bad", [
+    ("keras", "train", "label 42"), ("custom", "test", "label -1"),
+    ("custom", "train", "700-byte image"), ("keras", "test", "700-byte image"),
+])
+def test_a_bad_record_under_a_consistent_manifest_is_named(out, tmp_path, capsys, loop,
+                                                           split, bad):
+    """The manifest's sizes and sha256s fit the damage: only the parse's
+    checks see it. One line: the file, the record, the split, what is wrong."""
+    image, label, what = BAD_RECORDS[bad]
+    path = trainer_data.replace_record(out, split, 1, 2, 3,
+                                       trainer_data.example_bytes(image, label))
+    assert run(out, str(tmp_path / "m"), f"--loop={loop}") == 2
+    assert one_error(capsys) == f"error: {path}: record 3 of split {split!r}: {what}"
+
+
+def test_predict_refuses_a_split_with_a_bad_record(out, tmp_path, capsys):
+    """Not an accuracy over a label of 42: the same line as the trainer's, exit 2."""
+    from trainer import predict
+    assert run(out, str(tmp_path / "m")) == 0
+    path = trainer_data.replace_record(out, "test", 0, 2, 2,
+                                       trainer_data.example_bytes(bytes(784), 42))
+    capsys.readouterr()
+    assert predict.main([f"--model_dir={tmp_path / 'm'}", f"--data={out}"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == (f"error: {path}: record 2 of split 'test': label 42 is "
+                            "not a class (0-9)\n")
+    assert "accuracy=" not in captured.out
+
+
+@pytest.mark.parametrize("loop", ["keras", "custom"])
+def test_a_diverged_run_stops_before_saving_it(out, tmp_path, capsys, loop):
+    """A loss of NaN: one line, exit 1, no checkpoint, export or metrics.json
+    (whose JSON would say NaN)."""
+    model_dir = tmp_path / "m"
+    assert run(out, str(model_dir), f"--loop={loop}", "--learning_rate=1e30") == 1
+    line = one_error(capsys)
+    assert line.startswith("error: training diverged: the loss is nan at step 2; "), line
+    assert not list(model_dir.glob("checkpoints/ckpt-*"))
+    assert not (model_dir / "export").exists() and not (model_dir / "metrics.json").exists()
+
+
+def test_model_dir_and_data_apart(out, tmp_path, capsys):
+    """The run's files never land among the dataset's."""
+    for model_dir, how in [(out, "is"), (f"{out}/run", "is inside"),
+                           (os.path.dirname(out), "holds")]:
+        assert run(out, model_dir) == 2
+        assert one_error(capsys) == (f"error: {model_dir}: --model_dir {how} --data "
+                                     f"({out}); the run's files would mix with the "
+                                     "dataset's")
+    assert sorted(os.listdir(out)) == sorted(
+        ["manifest.json"] + [contract.shard_filename(s, i, 2) for s in ("train", "test")
+                             for i in range(2)])
+
+
+def test_model_dir_layout_and_links_checked_before_training(out, tmp_path, capsys):
+    """A dangling symbolic link as --model_dir, a file where checkpoints/ goes:
+    one line each before any step (not a lock error, not after an epoch)."""
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "nowhere")
+    assert run(out, str(link)) == 2
+    assert one_error(capsys) == (f"error: {link}: --model_dir is a symbolic link to "
+                                 f"{tmp_path / 'nowhere'}, which does not exist")
+    model_dir = tmp_path / "m"
+    model_dir.mkdir()
+    (model_dir / "checkpoints").write_text("x")
+    assert run(out, str(model_dir)) == 2
+    assert one_error(capsys) == (f"error: {model_dir}/checkpoints: a file where the run "
+                                 "keeps its checkpoints folder")
+    assert sorted(os.listdir(model_dir)) == ["checkpoints"]
+
+
+def test_a_pin_that_cannot_be_written_is_one_line(out, tmp_path, capsys):
+    """dataset.json a folder, --allow_new_dataset given: the write fails in one line."""
+    model_dir = tmp_path / "m"
+    assert run(out, str(model_dir)) == 0
+    (model_dir / "dataset.json").unlink()
+    (model_dir / "dataset.json").mkdir()
+    capsys.readouterr()
+    assert run(out, str(model_dir), "--epochs=2", "--allow_new_dataset") == 1
+    assert one_error(capsys) == (f"error: {model_dir}/dataset.json: cannot record the "
+                                 "dataset (Is a directory)")
+
+
+def test_predict_names_a_directory_given_as_a_png(out, tmp_path, capsys):
+    from trainer import predict
+    assert run(out, str(tmp_path / "m")) == 0
+    folder = tmp_path / "digits"
+    folder.mkdir()
+    capsys.readouterr()
+    assert predict.main([f"--model_dir={tmp_path / 'm'}", str(folder)]) == 2
+    assert one_error(capsys) == f"error: {folder}: a directory, not a PNG file"

@@ -114,6 +114,40 @@ def test_missing_data_dir(tmp_path, capsys):
     assert err == [f"error: {missing}: data directory not found"]
 
 
+def test_data_that_is_a_file(tmp_path, capsys):
+    path = tmp_path / "data.tfrecord"
+    path.write_bytes(b"x")
+    assert cli.main([f"--data={path}", f"--model_dir={tmp_path}/m"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {path}: --data is a file, not the pipeline's output folder"]
+
+
+def test_data_on_gs_that_cannot_be_reached(tmp_path):
+    """TensorFlow's GCS client sent to a closed port: the line says it cannot
+    reach the data (a run-time failure, 1), not that the folder is missing."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", https_proxy="http://127.0.0.1:9",
+               GOOGLE_AUTH_TOKEN_FOR_TESTING="test-token", NO_GCE_CHECK="true",
+               GCS_RETRY_CONFIG_MAX_RETRIES="0")
+    proc = subprocess.run([sys.executable, "-m", "trainer", "--data=gs://b/data",
+                           f"--model_dir={tmp_path}/m", "--preset=smoke"], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("error: gs://b/data: cannot reach it (Error executing an HTTP "
+                           "request: libcurl code 7 "), line
+
+
+def test_a_shard_that_is_a_directory(tmp_path, capsys):
+    out = str(tmp_path / "data")
+    trainer_data.write_dataset(out, num_train=16, num_test=4, test_shards=1)
+    shard = f"{out}/{contract.shard_filename('test', 0, 1)}"
+    os.remove(shard)
+    os.mkdir(shard)
+    assert cli.main([f"--data={out}", f"--model_dir={tmp_path}/m"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {shard}: a directory, but manifest.json lists it as a shard file"]
+
+
 def test_missing_manifest(tmp_path, capsys):
     out = str(tmp_path / "data")
     trainer_data.write_dataset(out, num_train=16, num_test=4, write_manifest=False)
@@ -287,6 +321,9 @@ def test_the_bare_command_trains_the_cpu_recipe_off_a_tpu(trainer_dataset, tmp_p
     (["--cache=maybe"], "argument --cache: expected true/false, not 'maybe'"),
     (["--loop=estimator"], "argument --loop: invalid choice: 'estimator'"),
     (["--preset=gpu"], "argument --preset: invalid choice: 'gpu'"),
+    # No abbreviations: --res would be --restart, which deletes the checkpoints.
+    (["--res"], "unrecognized arguments: --res"),
+    (["--epoch=2"], "unrecognized arguments: --epoch=2"),
 ])
 def test_bad_flags_are_usage_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:

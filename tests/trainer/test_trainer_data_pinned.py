@@ -101,13 +101,20 @@ def test_metrics_and_dataset_json_name_the_dataset(tmp_path):
         for s in manifest.splits[name].shards]
 
 
-def test_resume_on_another_dataset_needs_the_flag(tmp_path, capsys):
+def trained_then_republished(tmp_path, capsys) -> tuple[str, str, str]:
+    """(data, model_dir, the first data's manifest sha256): one epoch trained
+    on a dataset, then another dataset published in its place."""
     data, model_dir = str(tmp_path / "data"), str(tmp_path / "m")
     trainer_data.write_dataset(data, **SIZES)
     old = manifest_sha(data)
     assert run(data, model_dir, "--epochs=1") == 0
     republish(data)
     capsys.readouterr()
+    return data, model_dir, old
+
+
+def test_resume_on_another_dataset_needs_the_flag(tmp_path, capsys):
+    data, model_dir, old = trained_then_republished(tmp_path, capsys)
     assert run(data, model_dir, "--epochs=2") == 2
     assert one_error(capsys) == (
         f"error: --data={data}: {model_dir} was trained on {data} (manifest sha256 "
@@ -118,3 +125,44 @@ def test_resume_on_another_dataset_needs_the_flag(tmp_path, capsys):
     result = read_metrics(model_dir)
     assert result["dataset"]["manifest_sha256"] == manifest_sha(data)
     assert result["resumed_from_step"] == 8
+
+
+def test_a_refused_run_does_not_pin_its_data(tmp_path, capsys):
+    """--allow_new_dataset with a setting the checkpoints refuse: the run is
+    refused and dataset.json still names the data the model was trained on,
+    so a plain resume on the new data is refused in turn."""
+    data, model_dir, old = trained_then_republished(tmp_path, capsys)
+    assert run(data, model_dir, "--epochs=2", "--allow_new_dataset",
+               "--global_batch_size=16") == 2
+    assert one_error(capsys).startswith("error: --global_batch_size=16: ")
+    with open(os.path.join(model_dir, "dataset.json")) as f:
+        assert json.load(f)["manifest_sha256"] == old
+    assert run(data, model_dir, "--epochs=2") == 2
+    assert one_error(capsys).startswith(f"error: --data={data}: {model_dir} was trained on ")
+
+
+@pytest.mark.parametrize("damage", ["deleted", "garbled"])
+def test_checkpoints_without_a_readable_pin_are_refused(tmp_path, capsys, damage):
+    """No readable dataset.json beside checkpoints: nothing says which data they
+    were trained on, so a resume needs --allow_new_dataset (then re-pins)."""
+    data, model_dir = str(tmp_path / "data"), str(tmp_path / "m")
+    trainer_data.write_dataset(data, **SIZES)
+    assert run(data, model_dir, "--epochs=1") == 0
+    pin = os.path.join(model_dir, "dataset.json")
+    if damage == "deleted":
+        os.remove(pin)
+    else:
+        with open(pin, "w") as f:
+            f.write('{"manifest_sha256": ')
+    republish(data)
+    capsys.readouterr()
+    assert run(data, model_dir, "--epochs=2") == 2
+    line = one_error(capsys)
+    problem = "missing" if damage == "deleted" else "unreadable ("
+    assert line.startswith(f"error: {pin}: {problem}"), line
+    assert line.endswith(f"and {model_dir} holds checkpoints: nothing says which data they "
+                         f"were trained on; pass --allow_new_dataset to continue on "
+                         f"--data={data}, or use another --model_dir"), line
+    assert run(data, model_dir, "--epochs=2", "--allow_new_dataset") == 0
+    with open(pin) as f:
+        assert json.load(f)["manifest_sha256"] == manifest_sha(data)

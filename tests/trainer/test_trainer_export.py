@@ -25,6 +25,7 @@ from trainer import predict
 from trainer.config import TrainConfig
 from trainer.errors import TrainerError
 from trainer.model import augment, export, models as model_lib, optimizer as optimizer_lib
+from trainer.run import outputs
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,9 @@ def exported(tmp_path_factory):
     model, _ = model_lib.build(config, tf.distribute.get_strategy(), total_steps=8)
     model.fit(images.astype(np.float32) / 255.0, labels, batch_size=8, epochs=1, verbose=0)
     model_dir = tmp_path_factory.mktemp("export")
-    export.export_model(model, str(model_dir / "export"))
+    staged = outputs.staging_dir(str(model_dir), "fixture")
+    export.export_model(model, staged)  # committed as the trainer does: predict checks it
+    outputs.commit_export(str(model_dir), staged, {"export_id": "fixture-step8"})
     return model, str(model_dir), images, labels
 
 
@@ -149,7 +152,7 @@ def test_models_and_their_inputs():
     convnet = model_lib.build_model("convnet", augment=True)
     assert type(convnet.layers[0]).__name__ == "RandomAffine"
     kinds = [type(l).__name__ for l in convnet.layers]
-    assert kinds.count("MaxPooling2D") == 2 and "Dropout" in kinds
+    assert kinds.count("MaxPooling2D") == 2 and kinds.count("StepDropout") == 2
     assert "RandomAffine" not in [type(l).__name__
                                   for l in model_lib.build_model("convnet").layers]
     assert convnet(tf.zeros([2, 28, 28, 1])).shape == (2, 10)
@@ -212,3 +215,44 @@ def test_predict_reads_a_split_through_gfile(exported, capsys):
         f.write("{}")
     assert predict.main([f"--model_dir={model_dir}", f"--data={out}"]) == 2
     assert capsys.readouterr().err.startswith(f"error: {journal}: interrupted publish")
+
+
+def test_predict_refuses_an_export_the_trainer_did_not_commit(exported, tmp_path, capsys):
+    """An export without its trainer_export.json names no run: refused, exit 2."""
+    import shutil
+    _, model_dir, images, _ = exported
+    copy = str(tmp_path / "m")
+    shutil.copytree(model_dir, copy)
+    tf.io.gfile.remove(f"{copy}/export/{outputs.EXPORT_ID_FILE}")
+    png = tmp_path / "digit.png"
+    png.write_bytes(tf.io.encode_png(images[0]).numpy())
+    capsys.readouterr()
+    assert predict.main([f"--model_dir={copy}", str(png)]) == 2
+    assert capsys.readouterr().err == (
+        f"error: {copy}/export: not committed (no readable {outputs.EXPORT_ID_FILE} in "
+        f"it: not an export the trainer committed); run the trainer with "
+        f"--model_dir={copy} again to finish it\n")
+
+
+def test_predict_reads_a_pngs_size_before_decoding_it(tmp_path, monkeypatch):
+    """A 20000x20000 PNG is refused from its header, never decoded."""
+    header = (b"\x89PNG\r\n\x1a\n" + (13).to_bytes(4, "big") + b"IHDR"
+              + (20000).to_bytes(4, "big") + (20000).to_bytes(4, "big") + b"\x08\x00\x00\x00\x00")
+    path = tmp_path / "huge.png"
+    path.write_bytes(header + b"\x00" * 64)
+
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("the PNG was decoded")
+    monkeypatch.setattr(tf.io, "decode_png", no_decoding)
+    with pytest.raises(TrainerError) as error:
+        predict.read_png(str(path))
+    assert str(error.value) == (f"{path}: image is 20000x20000 (height x width), "
+                                "expected 28x28")
+
+
+def test_predict_takes_no_abbreviated_flags(capsys):
+    """--dat is not --data: a usage error (2), as every unknown flag."""
+    with pytest.raises(SystemExit) as exit_info:
+        predict.main(["--model_dir=m", "--dat=d"])
+    assert exit_info.value.code == 2
+    assert "unrecognized arguments: --dat=d" in capsys.readouterr().err

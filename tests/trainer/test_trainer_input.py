@@ -230,9 +230,9 @@ def test_corrupt_file_is_found():
     trainer_data.write_dataset(out, train_shards=3)
     bad = f"{out}/{contract.shard_filename('train', 2, 3)}"
     files = splits.split_files(out, splits.load_manifest(out), "train")
-    assert input_pipeline.find_corrupt_file(files) is None
+    assert input_pipeline.find_bad_file(files) is None
     trainer_data.corrupt(bad)
-    path, message = input_pipeline.find_corrupt_file(files)
+    path, message = input_pipeline.find_bad_file(files)
     assert path == bad
     assert "corrupt" in message.lower() or "checksum" in message.lower()
 

@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import re
+import signal
 import socket
 import threading
 import subprocess
@@ -97,6 +98,24 @@ def test_live_holder_elsewhere_is_not_taken_over(model_dir):
         run_lock.acquire(model_dir)
 
 
+@pytest.mark.parametrize("content", [b"", b"\x00garbage"], ids=["empty", "garbage"])
+def test_an_unreadable_lock_is_named_as_such(tmp_path, content):
+    """Not "in use by run ? (pid -1)": the file, that it is unreadable, its age.
+    (On gs:// and ram:// a lock has no age but its content's heartbeat, or an
+    mtime of 0: an unreadable one there is stale, and taken over at once.)"""
+    model_dir = str(tmp_path)
+    path = f"{model_dir}/{storage_lock.LOCK_FILE}"
+    with open(path, "wb") as f:
+        f.write(content)
+    os.utime(path, (time.time() - 42, time.time() - 42))
+    with pytest.raises(TrainerError) as e:
+        run_lock.acquire(model_dir)
+    assert str(e.value) == (
+        f"{path}: an unreadable lock file (empty or not a run's JSON), last written "
+        f"42s ago, so no run can be named as its holder; remove it if no run is using "
+        f"{model_dir} (it is taken over once 300s old)")
+
+
 def test_a_lost_lock_stops_the_commit(model_dir):
     held = run_lock.acquire(model_dir)
     write_lock(model_dir, run_id="intruder")
@@ -121,7 +140,7 @@ def test_a_lock_that_cannot_be_read_stops_the_commit(model_dir, monkeypatch):
         held.check_held(model_dir)
     reason = "503 Service Unavailable" if model_dir.startswith("gs://") else "Input/output error"
     assert str(e.value) == (f"{held.path}: cannot read this run's lock ({reason}); "
-                            "stopped without exporting")
+                            "stopped without writing more into --model_dir")
     monkeypatch.undo()
     held.release()
 
@@ -228,6 +247,77 @@ def test_two_trainers_on_one_model_dir(tmp_path):
     assert not os.path.exists(f"{model_dir}/{storage_lock.LOCK_FILE}")  # released
     with open(f"{model_dir}/metrics.json") as f:
         assert json.load(f)["train_steps"] == 40 * 8
+
+
+def snapshot(folder: str) -> dict:
+    """Every file under ``folder``: its size and mtime."""
+    found = {}
+    for root, _, names in os.walk(folder):
+        for name in names:
+            stat = os.stat(os.path.join(root, name))
+            found[os.path.relpath(os.path.join(root, name), folder)] = (stat.st_size,
+                                                                        stat.st_mtime_ns)
+    return found
+
+
+def wait_for(condition, proc: subprocess.Popen, what: str) -> None:
+    deadline = time.monotonic() + 240
+    while not condition():
+        assert proc.poll() is None, (what, proc.communicate())
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_a_run_that_lost_its_lock_writes_nothing_more(tmp_path):
+    """A stopped (SIGSTOP) past the stale age; B takes the lock over and is
+    stopped in turn; A continues (SIGCONT): one line, exit 1, and not a byte
+    of A lands in model_dir. B then finishes the run from the checkpoints.
+
+    A writes only at epoch ends (100-step epochs), so the stop lands in its
+    training steps, not inside a write: a write already under way when a
+    process is stopped completes when it continues (the check comes before
+    each write; docs/trainer.md, A run you can trust)."""
+    data, model_dir = str(tmp_path / "data"), str(tmp_path / "m")
+    trainer_data.write_dataset(data, num_train=64, num_test=16, train_shards=2,
+                               test_shards=1)
+    env = {"MNIST_LOCK_HEARTBEAT_SECONDS": "0.2", "MNIST_LOCK_STALE_SECONDS": "2"}
+    flags = ("--loop=custom", "--epochs=3", "--steps_per_epoch=100", "--log_every=1000")
+    lock = f"{model_dir}/{storage_lock.LOCK_FILE}"
+    first = start(data, model_dir, *flags, env=env)
+    second = None
+    try:
+        wait_for(lambda: os.path.exists(f"{model_dir}/checkpoints/checkpoint"), first,
+                 "a first checkpoint")
+        os.kill(first.pid, signal.SIGSTOP)
+        time.sleep(3)  # its heartbeat is now older than the stale age
+        second = start(data, model_dir, *flags, env=env)
+
+        def taken_over() -> bool:
+            try:
+                with open(lock) as f:
+                    return json.load(f)["pid"] == second.pid
+            except (OSError, ValueError):
+                return False
+        wait_for(taken_over, second, "the takeover")
+        os.kill(second.pid, signal.SIGSTOP)
+        before = snapshot(model_dir)
+        os.kill(first.pid, signal.SIGCONT)
+        out, err = first.communicate(timeout=120)
+        assert first.returncode == 1, out[-2000:] + err[-3000:]
+        (line,) = errors(err)
+        assert line.startswith(f"error: {model_dir}: this run lost its lock (the lock "), line
+        assert snapshot(model_dir) == before
+        os.kill(second.pid, signal.SIGCONT)
+        out, err = second.communicate(timeout=600)
+        assert second.returncode == 0, err[-3000:]
+    finally:
+        for proc in (first, second):
+            if proc is not None:
+                proc.kill()
+    assert not [name for name in os.listdir(model_dir) if name.startswith(".export")]
+    with open(f"{model_dir}/metrics.json") as f:
+        assert json.load(f)["train_steps"] == 3 * 100
 
 
 def test_the_trainer_does_not_import_pipeline():

@@ -117,19 +117,6 @@ def test_keras_logs_and_writes_its_checkpoint_cadence(trainer_dataset, tmp_path,
     assert saved == [12, 20, 25, 33, 41, 50]
 
 
-def test_ctrl_c_outside_the_train_steps_is_one_line(monkeypatch, capsys):
-    from trainer import __main__ as cli
-
-    def interrupted(argv, **settings):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(cli, "parse_flags", interrupted)
-    assert cli.main(["--data=d", "--model_dir=m"]) == 130
-    assert capsys.readouterr().err.splitlines() == [
-        "interrupted (SIGINT) outside the training steps; a rerun resumes from the last "
-        "checkpoint, if any"]
-
-
 def test_workers_decide_from_what_every_worker_received():
     """`StopSignals.requested` with a worker exchange (`share`: sums over the
     replicas): every worker stops if any one was signalled, and says whether
@@ -137,16 +124,17 @@ def test_workers_decide_from_what_every_worker_received():
     signals = preemption.StopSignals()
     sent = []
 
-    def others(terms, interrupts):
+    def others(terms, interrupts, hangups=0):
         def share(values):
             sent.append([float(v) for v in values])
-            return [values[0] + terms, values[1] + interrupts]
+            return [values[0] + terms, values[1] + interrupts, values[2] + hangups]
         return share
 
     assert signals.requested(others(0, 0)) is None
     assert signals.requested(others(1, 0)) == (signal.SIGTERM, False)
     assert signals.requested(others(0, 2)) == (signal.SIGINT, False)
+    assert signals.requested(others(0, 0, 1)) == (signal.SIGHUP, False)
     signals.received = signal.SIGINT
     assert signals.requested(others(1, 0)) == (signal.SIGINT, True)
     assert signals.requested() == (signal.SIGINT, True)  # one process: no exchange
-    assert sent == [[0, 0], [0, 0], [0, 0], [0, 1]]
+    assert sent == [[0, 0, 0], [0, 0, 0], [0, 0, 0], [0, 0, 0], [0, 1, 0]]

@@ -27,9 +27,10 @@ def run(data: str, model_dir: str, *flags: str) -> int:
     return cli.main([f"--data={data}", f"--model_dir={model_dir}", *FLAGS, *flags])
 
 
-def start(data: str, model_dir: str, *flags: str) -> subprocess.Popen:
-    """``python -m trainer`` as a process (stdout and stderr piped, text)."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+def start(data: str, model_dir: str, *flags: str, env: dict = None) -> subprocess.Popen:
+    """``python -m trainer`` as a process (stdout and stderr piped, text);
+    ``env``: variables to add to this process's."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
     return subprocess.Popen(
         [sys.executable, "-m", "trainer", f"--data={data}", f"--model_dir={model_dir}",
          *FLAGS, *flags],

@@ -15,6 +15,9 @@ the manifest:
   would otherwise fail deep inside a training step);
 * `check_eval_count`: an evaluation counted exactly the manifest's number
   of test examples (a count edited to a plausible wrong value);
+* `bad_record`: after the parse's own checks failed
+  (`trainer.data.input_pipeline.decode_batch`), the record at fault and what
+  is wrong with it (a label outside 0-9, an image of another size);
 
 Each failure is a `TrainerError` whose one line names the file.
 """
@@ -45,6 +48,9 @@ def check_sizes(paths: Iterable[str], sizes: Iterable[int]) -> None:
         except tf.errors.OpError as e:
             raise TrainerError(f"{path}: cannot read ({summarize_error(e)})") from None
         if actual != expected:
+            if tf.io.gfile.isdir(path):  # a folder's size is its directory entry's
+                raise TrainerInputError(f"{path}: a directory, but {contract.MANIFEST_FILE} "
+                                        "lists it as a shard file")
             raise TrainerInputError(
                 f"{path}: {actual} bytes, but {contract.MANIFEST_FILE} lists {expected} "
                 "(not the file the pipeline wrote; rerun it or restore the file)")
@@ -97,3 +103,25 @@ def check_eval_count(counted: int, expected: int, manifest_path: str) -> None:
         raise TrainerInputError(
             f"{manifest_path}: lists {expected} test examples, but evaluation read "
             f"{counted} from the test shards")
+
+
+def bad_record(serialized, image_format: str):
+    """``(index, what is wrong)`` of the first record in ``serialized`` (a batch
+    of serialized Examples) that is no MNIST example, else None."""
+    feats = tf.io.parse_example(serialized, examples.parse_spec())
+    labels = feats[contract.LABEL_KEY].numpy()
+    images = feats[contract.IMAGE_KEY].numpy()
+    pixels = contract.IMAGE_HEIGHT * contract.IMAGE_WIDTH * contract.IMAGE_CHANNELS
+    for index, (label, image) in enumerate(zip(labels, images)):
+        if not 0 <= label < contract.NUM_CLASSES:
+            return index, f"label {label} is not a class (0-{contract.NUM_CLASSES - 1})"
+        if image_format == "raw" and len(image) != pixels:
+            return index, f"an image of {len(image)} bytes, not {pixels} (28x28)"
+        if image_format != "raw":
+            try:
+                shape = tuple(tf.io.decode_png(image, channels=1).shape)
+            except tf.errors.OpError as e:
+                return index, f"an image that does not decode ({summarize_error(e)})"
+            if shape != contract.IMAGE_SHAPE:
+                return index, f"an image of {shape[0]}x{shape[1]}, not 28x28"
+    return None

@@ -49,6 +49,8 @@ import logging
 import math
 from typing import Any, Callable, Optional, Sequence
 
+import numpy as np
+
 import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 
@@ -63,6 +65,8 @@ log = logging.getLogger(__name__)
 
 AUTOTUNE = tf.data.AUTOTUNE
 WEIGHT_KEY = "weight"  # 1 for a real example, 0 for eval padding
+BAD_LABEL = "a label that is not a class (0-9)"
+BAD_IMAGE = "an image that is not 28x28 bytes"
 MAX_PARALLEL_FILES = 16
 # Records a file reader passes on at a time. Measured on 2 CPU cores: the
 # parallel interleave ran at ~0.55x the speed of from_tensor_slices when it
@@ -97,21 +101,38 @@ def eval_steps(counts: Sequence[int], global_batch_size: int, num_replicas: int,
                for n in pipeline_example_counts(counts, num_pipelines))
 
 
-def decode_batch(serialized: tf.Tensor, image_format: str) -> dict[str, tf.Tensor]:
+def decode_batch(serialized: tf.Tensor, image_format: str,
+                 checked: bool = True) -> dict[str, tf.Tensor]:
     """Vectorized parse + decode of a batch of serialized Examples: uint8
     images ``[n, 28, 28, 1]``, labels and indices (`trainer.predict` feeds
-    these pixels to the export as they are)."""
+    these pixels to the export as they are).
+
+    ``checked``: every label is a class and every image 28x28, else an
+    ``InvalidArgumentError`` (a record under a manifest that agrees with it
+    still carries what its writer put there); `find_bad_file` then names the
+    file and the record. A few vectorized comparisons per batch: their cost
+    is measured against ``checked=False`` by benchmarks/trainer_benchmark.py.
+    """
     feats = tf.io.parse_example(serialized, examples.parse_spec())
-    raw = feats[contract.IMAGE_KEY]
-    if image_format == "raw":
-        pixels = tf.io.decode_raw(raw, tf.uint8)
-    else:  # png: decoding is per image, there is no batched PNG kernel
-        pixels = tf.map_fn(
-            lambda s: tf.io.decode_png(s, channels=contract.IMAGE_CHANNELS),
-            raw, fn_output_signature=tf.TensorSpec(None, tf.uint8))
+    raw, labels = feats[contract.IMAGE_KEY], feats[contract.LABEL_KEY]
+    asserts = [tf.debugging.assert_non_negative(labels, message=BAD_LABEL),
+               tf.debugging.assert_less(labels, tf.constant(contract.NUM_CLASSES,
+                                                            labels.dtype),
+                                        message=BAD_LABEL)] if checked else []
+    if image_format == "raw" and checked:
+        asserts.append(tf.debugging.assert_equal(
+            tf.strings.length(raw), int(np.prod(contract.IMAGE_SHAPE)), message=BAD_IMAGE))
+    with tf.control_dependencies(asserts):
+        if image_format == "raw":
+            pixels = tf.io.decode_raw(raw, tf.uint8)
+        else:  # png: decoding is per image, there is no batched PNG kernel
+            pixels = tf.map_fn(
+                lambda s: tf.ensure_shape(
+                    tf.io.decode_png(s, channels=contract.IMAGE_CHANNELS),
+                    contract.IMAGE_SHAPE),
+                raw, fn_output_signature=tf.TensorSpec(None, tf.uint8))
     return {contract.IMAGE_KEY: tf.reshape(pixels, (-1,) + contract.IMAGE_SHAPE),
-            contract.LABEL_KEY: feats[contract.LABEL_KEY],
-            contract.INDEX_KEY: feats[contract.INDEX_KEY]}
+            contract.LABEL_KEY: labels, contract.INDEX_KEY: feats[contract.INDEX_KEY]}
 
 
 def _parse_batch(serialized: tf.Tensor, image_format: str) -> dict[str, tf.Tensor]:
@@ -296,17 +317,25 @@ def eval_input(strategy: tf.distribute.Strategy, split: SplitFiles, config: Trai
     return dataset, count
 
 
-def find_corrupt_file(split: SplitFiles) -> Optional[tuple[str, str]]:
-    """Reads each file alone; returns ``(path, error)`` for the first unreadable one.
+def find_bad_file(split: SplitFiles) -> Optional[tuple[str, str]]:
+    """Reads each file alone; ``(path, what is wrong)`` for the first one that is
+    corrupt (its framing) or holds a record that is no MNIST example; None if
+    every file reads.
 
-    Used after a ``DataLossError``, whose message says "corrupted record at
-    <offset>" but not in which file.
+    Used after a ``DataLossError`` ("corrupted record at <offset>") or an
+    ``InvalidArgumentError`` (a failed check of `decode_batch`), neither of
+    which names the file.
     """
     for path in split.files:
         try:
-            ds = tf.data.TFRecordDataset(path, compression_type=split.compression_type)
-            for _ in ds.batch(4096):
-                pass
+            offset = 0
+            for batch in tf.data.TFRecordDataset(
+                    path, compression_type=split.compression_type).batch(4096):
+                found = checks.bad_record(batch.numpy(), split.image_format)
+                if found is not None:
+                    index, what = found
+                    return path, f"record {offset + index} of split {split.name!r}: {what}"
+                offset += int(batch.shape[0])
         except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
-            return path, summarize_error(e)
+            return path, f"corrupt TFRecord data ({summarize_error(e)})"
     return None

@@ -38,7 +38,7 @@ def read_manifest(data_dir: str) -> tuple[contract.Manifest, bytes]:
     except tf.errors.OpError as e:  # e.g. gs:// without credentials or network
         raise TrainerError(f"{data_dir}: cannot access ({summarize_error(e)})") from None
     if not is_dir:
-        raise TrainerInputError(f"{data_dir}: data directory not found")
+        raise _not_a_folder(data_dir)
     if interrupted:
         raise TrainerInputError(contract.interrupted_publish_message(journal, b""))
     if not has_manifest:
@@ -54,6 +54,22 @@ def read_manifest(data_dir: str) -> tuple[contract.Manifest, bytes]:
     except tf.errors.OpError as e:
         raise TrainerError(f"{path}: cannot read ({summarize_error(e)})") from None
 
+
+def _not_a_folder(data_dir: str) -> TrainerError:
+    """Why ``data_dir`` is not a folder: a file, a bucket that does not exist,
+    storage that cannot be reached (``isdir`` says False for all of them), or
+    nothing there."""
+    bucket = "gs://" + data_dir[len("gs://"):].split("/", 1)[0] if data_dir.startswith(
+        "gs://") else ""
+    try:
+        if tf.io.gfile.exists(data_dir):
+            return TrainerInputError(f"{data_dir}: --data is a file, not the pipeline's "
+                                     "output folder")
+        if bucket and not tf.io.gfile.exists(bucket):
+            return TrainerInputError(f"{data_dir}: bucket {bucket} does not exist")
+    except tf.errors.OpError as e:
+        return TrainerError(f"{data_dir}: cannot reach it ({summarize_error(e)})")
+    return TrainerInputError(f"{data_dir}: data directory not found")
 
 
 @dataclasses.dataclass(frozen=True)

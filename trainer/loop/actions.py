@@ -9,7 +9,7 @@ call (`Action.__call__` with the step reached). `Profiler` traces
 from __future__ import annotations
 
 import logging
-from typing import Optional, Protocol
+from typing import Callable, Optional, Protocol
 
 import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
@@ -32,9 +32,11 @@ class Profiler:
     """Traces global steps START..END (``--profile_steps``) as whole calls into
     ``logs_dir/plugins/profile``; one profiler per process."""
 
-    def __init__(self, steps: tuple[int, int], logs_dir: str):
+    def __init__(self, steps: tuple[int, int], logs_dir: str,
+                 before_write: Callable[[], None] = lambda: None):
         self.start, self.end = steps
         self.logs_dir = logs_dir
+        self.before_write = before_write  # `trainer.run.claim.Claim.check`
         self.running = False
 
     def next_boundary(self, step: int) -> Optional[int]:
@@ -43,6 +45,7 @@ class Profiler:
 
     def __call__(self, step: int) -> None:
         if not self.running and self.start - 1 <= step < self.end:
+            self.before_write()
             tf.profiler.experimental.start(self.logs_dir)
             self.running = True
         elif self.running and step >= self.end:

@@ -24,6 +24,7 @@ from trainer.loop.keras_loop import KerasLoop
 from trainer.preflight import Run
 from trainer.run import outputs
 from trainer.run.checkpoints import RunCheckpoints
+from trainer.run.claim import Claim
 from trainer.run.preemption import StopSignals
 
 
@@ -47,20 +48,24 @@ def evaluator(run: Run, model: keras.Model) -> Evaluator:
                      origin=contract.join_path(run.config.data, contract.MANIFEST_FILE))
 
 
-def build_controller(run: Run, model: keras.Model, optimizer,
+def build_controller(run: Run, model: keras.Model, optimizer, claim: Claim,
                      callbacks: Sequence = ()) -> Controller:
-    """The controller of one run, its parts built here and handed in."""
+    """The controller of one run, its parts built here and handed in; those
+    that write into ``model_dir`` hold to the run's ``claim`` (`trainer.run.claim`)."""
     config = run.config
     evaluate = evaluator(run, model)
     signals = StopSignals()
     share = strategy_lib.sum_over_replicas(run.strategy)
     checkpoints = RunCheckpoints(config, run.role, model, optimizer, run.steps_per_epoch,
-                                 share=share, replicas=run.strategy.num_replicas_in_sync)
+                                 share=share, replicas=run.strategy.num_replicas_in_sync,
+                                 claim=claim)
     logs_dir = run.role.write_dir(config.model_dir, outputs.LOGS)
     writers = summaries.Summaries(
         logs_dir, config, run.steps_per_epoch,
-        preview=lambda: summaries.train_preview(config, model, run.train_files))
-    profile = [actions.Profiler(config.profile_steps, logs_dir)] if config.profile_steps else []
+        preview=lambda: summaries.train_preview(config, model, run.train_files),
+        before_write=claim.check)
+    profile = ([actions.Profiler(config.profile_steps, logs_dir, before_write=claim.check)]
+               if config.profile_steps else [])
     controller = Controller(
         inner_loop(run, model, optimizer, callbacks), evaluate, checkpoints, writers, profile,
         schedule=Schedule.of(config, run.steps_per_epoch), signals=signals, share=share,

@@ -25,10 +25,12 @@ parts are built by `trainer.loop.build.build_controller` and handed in:
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from typing import Callable, Mapping, Optional, Protocol, Sequence
 
 from trainer.config import TrainConfig
+from trainer.errors import TrainerError
 from trainer.loop.actions import Action
 from trainer.loop.summaries import Summaries
 from trainer.run.checkpoints import RunCheckpoints
@@ -81,6 +83,17 @@ class Schedule:
         return -(-step // self.steps_per_epoch)
 
 
+def check_loss(step: int, logs: Mapping) -> float:
+    """The running epoch loss; a `TrainerError` if it is not a number (NaN, inf):
+    the weights have diverged, and saving or exporting them would pass that on."""
+    loss = float(logs["loss"])
+    if not math.isfinite(loss):
+        raise TrainerError(f"training diverged: the loss is {loss} at step {step}; stopped "
+                           "before saving it (the checkpoints are from before); lower "
+                           "--learning_rate, or check the data")
+    return loss
+
+
 def _crossed(before: int, after: int, every: int) -> bool:
     return bool(every) and after // every > before // every
 
@@ -97,8 +110,7 @@ class Controller:
         self.checkpoints, self.summaries, self.actions = checkpoints, summaries, actions
         self.schedule, self.signals, self.share = schedule, signals, share
         self.check_inputs = check_inputs  # before each evaluation and save
-        self.step = self.start_step = 0
-        self.total_steps = schedule.total_steps
+        self.step, self.start_step, self.total_steps = 0, 0, schedule.total_steps
         self.result: dict = {}
         self._logged_step, self._logged_time = 0, time.perf_counter()
 
@@ -161,6 +173,7 @@ class Controller:
         if _crossed(before, step, self.schedule.log_every) or epoch_end:
             self._log_train(step, logs)
         if _crossed(before, step, self.schedule.checkpoint_every) and not epoch_end:
+            check_loss(step, logs)
             self._save()
         self._act(step)
         if not epoch_end:  # end_epoch stops after it has evaluated and saved
@@ -217,7 +230,7 @@ class Controller:
                 "history": self.checkpoints.history}
 
     def _log_train(self, step: int, logs: Mapping) -> None:
-        loss, accuracy = float(logs["loss"]), float(logs["accuracy"])  # waits for the steps
+        loss, accuracy = check_loss(step, logs), float(logs["accuracy"])  # waits for the steps
         now = time.perf_counter()
         rate = ((step - self._logged_step) * self.schedule.global_batch_size
                 / max(now - self._logged_time, 1e-9))

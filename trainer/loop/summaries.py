@@ -24,8 +24,9 @@ The pictures are drawn by `trainer.loop.images`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Callable, Mapping
+from typing import Callable, Iterator, Mapping
 
 import numpy as np
 
@@ -135,46 +136,62 @@ class Summaries:
     ``logs/train`` (scalars every ``--log_every`` steps, the input digits),
     ``logs/validation`` (each evaluation) and ``logs`` itself (the settings
     at start, the test metrics at the end); ``logs_dir`` is this worker's
-    (a scratch folder off the chief, `trainer.run.outputs.Role`).
+    (a scratch folder off the chief, `trainer.run.outputs.Role`). The event
+    files are made by the first write, once the run is accepted; each write is
+    preceded by ``before_write`` (`trainer.run.claim.Claim.check`) and
+    flushed, so nothing of a run that lost its lock is left to land later.
     """
 
     def __init__(self, logs_dir: str, config: TrainConfig, steps_per_epoch: int,
-                 preview: Callable[[], np.ndarray]):
+                 preview: Callable[[], np.ndarray],
+                 before_write: Callable[[], None] = lambda: None):
         self.logs_dir, self.config, self.steps_per_epoch = logs_dir, config, steps_per_epoch
         self.preview = preview  # the input digits, read when the run starts
-        try:
-            self.train_writer = tf.summary.create_file_writer(contract.join_path(logs_dir,
-                                                                                 "train"))
-            self.eval_writer = tf.summary.create_file_writer(contract.join_path(logs_dir,
-                                                                                "validation"))
-            self.run_writer = tf.summary.create_file_writer(logs_dir)
-        except tf.errors.OpError as e:
-            raise TrainerError(f"{logs_dir}: cannot write the TensorBoard logs of "
-                               f"--model_dir ({os_reason(e)})") from None
+        self.before_write = before_write
+        self.writers: dict = {}  # train, validation, run: made by the first write
 
     def start(self, step: int) -> None:
         """The run's settings (HParams) and a batch of its input digits (`train_preview`)."""
         inputs = self.preview()
-        with self.run_writer.as_default(step=step):
+        with self._writing("run", step):
             write_hparams(hparams_values(self.config, self.steps_per_epoch))
-        with self.train_writer.as_default(step=step):
+        with self._writing("train", step):
             write_inputs(inputs, augmented=self.config.augment)
 
     def train(self, step: int, loss: float, accuracy: float, rate: float) -> None:
-        with self.train_writer.as_default(step=step):
+        with self._writing("train", step):
             tf.summary.scalar("loss", loss)
             tf.summary.scalar("accuracy", accuracy)
             tf.summary.scalar("examples_per_second", rate)
 
     def evaluation(self, step: int, result: Mapping, details: EvalDetails) -> None:
-        with self.eval_writer.as_default(step=step):
+        with self._writing("validation", step):
             tf.summary.scalar("loss", result["test_loss"])
             tf.summary.scalar("accuracy", result["test_accuracy"])
             write_evaluation(details)
 
     def finish(self, step: int, result: Mapping) -> None:
-        """The final test metrics at the run's root; flushes every writer."""
-        with self.run_writer.as_default(step=step):
+        """The final test metrics at the run's root."""
+        with self._writing("run", step):
             write_test_metrics(result)
-        for writer in (self.train_writer, self.eval_writer, self.run_writer):
-            writer.flush()
+
+    @contextlib.contextmanager
+    def _writing(self, name: str, step: int) -> Iterator[None]:
+        """Writer ``name`` as the default at ``step``, after ``before_write``
+        (which the first write makes the event files after); flushed after."""
+        self.before_write()
+        if not self.writers:
+            self.writers = self._open()
+        writer = self.writers[name]
+        with writer.as_default(step=step):
+            yield
+        writer.flush()
+
+    def _open(self) -> dict:
+        try:
+            return {name: tf.summary.create_file_writer(
+                        contract.join_path(self.logs_dir, name) if name != "run"
+                        else self.logs_dir) for name in ("train", "validation", "run")}
+        except tf.errors.OpError as e:
+            raise TrainerError(f"{self.logs_dir}: cannot write the TensorBoard logs of "
+                               f"--model_dir ({os_reason(e)})") from None

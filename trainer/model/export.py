@@ -5,9 +5,9 @@ What ``export_model`` writes, and why:
 * The saved Keras model is the *inference* model: ``uint8 [N,28,28,1]`` →
   ``/255`` → the trained layers → float32 logits. Normalizing inside means
   a caller passes pixels as they come (a model that expected [0, 1] would
-  take raw 0-255 input without complaint and answer wrongly). Augmentation layers are left out (they
-  do nothing at inference), so the export holds only Keras' built-in
-  layers.
+  take raw 0-255 input without complaint and answer wrongly). Augmentation
+  and dropout layers are left out (they do nothing at inference), so the
+  export holds only Keras' built-in layers.
 * It is compiled with Keras' standard loss and accuracy metric, never the
   trainer's own metrics (a custom metric class in the SavedModel makes
   ``tf_keras.models.load_model`` fail without ``custom_objects``), so it
@@ -36,6 +36,7 @@ from mnist_contract import join_path
 from trainer import _compat
 from trainer.errors import TrainerError, os_reason
 from trainer.model.augment import RandomAffine
+from trainer.model.dropout import StepDropout
 from trainer.run import outputs
 
 SIGNATURE_INPUT = "images"
@@ -56,8 +57,8 @@ def inference_model(model: keras.Model) -> keras.Model:
     x = keras.layers.Normalization(mean=0.0, variance=255.0 ** 2, dtype="float32",
                                    name="pixels_to_unit")(images)
     if isinstance(model, keras.Sequential):
-        for layer in model.layers:
-            if not isinstance(layer, RandomAffine):
+        for layer in model.layers:  # those that act only in training are left out
+            if not isinstance(layer, (RandomAffine, StepDropout)):
                 x = layer(x)
     else:  # a functional or subclassed model runs whole, in inference mode
         x = model(x, training=False)

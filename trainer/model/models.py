@@ -21,7 +21,7 @@ the uint8 → [0, 1] step so that served models take raw pixels.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Callable, Iterator, Optional
 
 import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
@@ -31,6 +31,7 @@ import mnist_contract as contract
 from trainer.config import TrainConfig
 from trainer.errors import TrainerError
 from trainer.model.augment import RandomAffine
+from trainer.model.dropout import StepDropout
 from trainer.model.optimizer import make_optimizer
 from trainer.names import MODELS, PRECISIONS
 
@@ -76,29 +77,33 @@ def _guide_layers(name: str) -> list[keras.layers.Layer]:
     ]
 
 
-def _convnet_layers() -> list[keras.layers.Layer]:
+def _convnet_layers(step: Optional[Callable[[], tf.Tensor]]) -> list[keras.layers.Layer]:
     """The classic Keras MNIST convnet (conv 32, pool, conv 64, pool, dropout)
-    with a dense layer of 128 before the classifier: 0.23M parameters."""
+    with a dense layer of 128 before the classifier: 0.23M parameters. The
+    dropout masks follow the step (`trainer.model.dropout`)."""
     return [
         keras.layers.Conv2D(32, 3, activation="relu"), keras.layers.MaxPooling2D(),
         keras.layers.Conv2D(64, 3, activation="relu"), keras.layers.MaxPooling2D(),
         keras.layers.Flatten(),
-        keras.layers.Dropout(0.4),
+        StepDropout(0.4, step=step),
         keras.layers.Dense(128, activation="relu"),
-        keras.layers.Dropout(0.4),
+        StepDropout(0.4, step=step),
         keras.layers.Dense(contract.NUM_CLASSES, dtype="float32", name="logits"),
     ]
 
 
-def build_model(name: str = "small", *, augment: bool = False) -> keras.Model:
+def build_model(name: str = "small", *, augment: bool = False,
+                step: Optional[Callable[[], tf.Tensor]] = None) -> keras.Model:
     """An uncompiled model from [0, 1] float images to float32 logits.
 
     ``augment`` puts a `RandomAffine` layer first: random rotations (±10°),
     zooms (±10%) and shifts (±2 px) while training, nothing at inference.
+    ``step`` gives the global step the dropout masks follow (`build`: the
+    optimizer's); without it dropout is Keras' own.
     """
     if name not in MODELS:
         raise TrainerError(f"unknown --model {name!r} (have {list(MODELS)})")
-    body = _convnet_layers() if name == "convnet" else _guide_layers(name)
+    body = _convnet_layers(step) if name == "convnet" else _guide_layers(name)
     head = [RandomAffine(name="augment")] if augment else []
     return keras.Sequential(
         [keras.layers.Input(shape=contract.IMAGE_SHAPE, name="image"), *head, *body],
@@ -114,9 +119,10 @@ def build(config: TrainConfig, strategy: tf.distribute.Strategy,
     Keras loop), so the export loads ready to use.
     """
     with strategy.scope():
-        model = build_model(config.model, augment=config.augment)
         optimizer = make_optimizer(config.learning_rate, config.lr_schedule,
                                    total_steps, config.warmup_steps)
+        model = build_model(config.model, augment=config.augment,
+                            step=lambda: optimizer.iterations)
         optimizer.build(model.trainable_variables)
         model.compile(optimizer=optimizer,
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),

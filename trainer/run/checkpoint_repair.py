@@ -24,10 +24,12 @@ import tensorflow as tf
 
 from mnist_contract import join_path
 from trainer.errors import TrainerError, summarize_error
+from trainer.run import outputs
 
 log = logging.getLogger(__name__)
 
 PREFIX = "ckpt"
+STATE_FILE = "checkpoint"  # tf.train.CheckpointManager's state file
 _INDEX = re.compile(rf"{PREFIX}-(\d+)\.index")
 
 
@@ -85,21 +87,42 @@ def restore_newest(directory: str, restore: Callable[[str], None]) -> tuple[str,
 
 def repair_state(directory: str, restored: str, damaged: list[str]) -> None:
     """Writes the ``checkpoint`` state file: ``restored`` latest, the intact
-    older ones kept (so the manager keeps and deletes the right files)."""
+    older ones kept (so the manager keeps and deletes the right files).
+
+    The file is read and written here as the text it is (`_state_text`):
+    TensorFlow's reader logs a parse error for a garbage file, and its writer
+    (``update_checkpoint_state``) is deprecated and says so on every call.
+    """
+    path = join_path(directory, STATE_FILE)
     try:
-        state = tf.train.get_checkpoint_state(directory)
-    except (ValueError, tf.errors.OpError):  # garbage in the state file
-        state = None
-    if state is not None and not damaged and state.model_checkpoint_path == restored:
+        with tf.io.gfile.GFile(path, "r") as f:
+            current = f.read()
+    except tf.errors.NotFoundError:
+        current = ""
+    named = re.search(r'^model_checkpoint_path: "([^"]*)"$', current, re.MULTILINE)
+    if named and not damaged and named.group(1).rsplit("/", 1)[-1] == _name(restored):
         return
+    if not named:
+        log.warning("%s: %s; rewriting it to name %s", path,
+                    "unreadable" if current else "missing", _name(restored))
     intact = [p for p in reversed(list_checkpoints(directory))
               if p not in damaged and _step(p) <= _step(restored)]
-    # Timestamps after the preserved one: the manager may delete them in turn.
-    now = time.time() - 1.0
-    tf.compat.v1.train.update_checkpoint_state(
-        directory, restored, all_model_checkpoint_paths=intact,
-        all_model_checkpoint_timestamps=[now] * len(intact),
-        last_preserved_timestamp=now - 1.0)
+    outputs.write_text(path, _state_text(restored, intact, time.time() - 1.0))
+
+
+def _state_text(restored: str, intact: list[str], now: float) -> str:
+    """The state file as TensorFlow writes it (a text ``CheckpointState``, paths
+    relative to its folder). Timestamps after the preserved one: the manager
+    may delete those checkpoints in turn."""
+    lines = [f'model_checkpoint_path: "{_name(restored)}"']
+    lines += [f'all_model_checkpoint_paths: "{_name(p)}"' for p in intact]
+    lines += [f"all_model_checkpoint_timestamps: {now!r}" for _ in intact]
+    lines.append(f"last_preserved_timestamp: {now - 1.0!r}")
+    return "\n".join(lines) + "\n"
+
+
+def _name(prefix: str) -> str:
+    return prefix.rsplit("/", 1)[-1]
 
 
 def discard(directory: str) -> None:

@@ -25,6 +25,7 @@ from mnist_contract import join_path
 from trainer.config import TrainConfig
 from trainer.errors import TrainerError, os_reason
 from trainer.run import checkpoint_repair, outputs, resume
+from trainer.run.claim import Claim
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +43,17 @@ class RunCheckpoints:
 
     def __init__(self, config: TrainConfig, role: outputs.Role, model, optimizer,
                  steps_per_epoch: int, *, share: Optional[Callable] = None,
-                 replicas: int = 1):
+                 replicas: int = 1, claim: Optional[Claim] = None):
         self.config, self.role, self.share, self.replicas = config, role, share, replicas
+        # Accepted after the restore's checks, checked before each save (`trainer.run.claim`).
+        self.claim = claim or Claim(config.model_dir, None, None)
         self.model, self.optimizer, self.steps_per_epoch = model, optimizer, steps_per_epoch
         self.state = tf.Variable("", dtype=tf.string, trainable=False, name=STATE_NAME)
         self.checkpoint = self._new_checkpoint()
-        self.manager = self._new_manager()  # this worker's (a scratch folder off the chief)
+        # Where this worker saves (a scratch folder off the chief). The manager
+        # reads its state file when made: only after `restore` has repaired it.
+        self.directory = role.write_dir(config.model_dir, outputs.CHECKPOINTS)
+        self.manager: Optional[tf.train.CheckpointManager] = None
         # The chief's, which every worker restores from.
         self.restore_dir = join_path(config.model_dir, outputs.CHECKPOINTS)
         self.history: dict[str, list[float]] = {k: [] for k in HISTORY_KEYS}
@@ -59,29 +65,29 @@ class RunCheckpoints:
 
     def _new_manager(self) -> tf.train.CheckpointManager:
         return tf.train.CheckpointManager(
-            self.checkpoint, self.role.write_dir(self.config.model_dir, outputs.CHECKPOINTS),
-            max_to_keep=self.config.keep_checkpoints, step_counter=self.optimizer.iterations)
+            self.checkpoint, self.directory, max_to_keep=self.config.keep_checkpoints, step_counter=self.optimizer.iterations)
 
     def restore(self) -> int:
         """Restores the newest checkpoint that restores; returns the step to start from.
 
         Only the chief repairs the state file; with ``--restart`` (the chief
-        has deleted the checkpoints) the others restore nothing.
+        has deleted the checkpoints) the others restore nothing. Once the
+        checkpoint's settings have passed, the run is accepted (`Claim.accept`).
         """
-        checkpoint_repair.clean_temp(self.manager.directory)
+        checkpoint_repair.clean_temp(self.directory)
         latest = ""
         if self.role.chief or not self.config.restart:
             latest, damaged = checkpoint_repair.restore_newest(self.restore_dir, self._restore)
         if latest:
             if self.role.chief:
                 checkpoint_repair.repair_state(self.restore_dir, latest, damaged)
-            # For the restored checkpoint object; on the chief it reads the
-            # repaired state file.
-            self.manager = self._new_manager()
             log.info("restored %s", latest)
+        # For the restored checkpoint object; on the chief it reads the repaired state file.
+        self.manager = self._new_manager()
         step = int(self.optimizer.iterations.numpy())
         self.saved_step = step if latest else None
         self._check_same_start(step)
+        self.claim.accept()
         return step
 
     def _restore(self, prefix: str) -> None:
@@ -114,6 +120,7 @@ class RunCheckpoints:
 
     def save(self, step: int) -> None:
         """Saves ``ckpt-<step>`` with the history; a storage failure is one line."""
+        self.claim.check()
         self.state.assign(json.dumps({
             "model": self.config.model, "history": self.history,
             "settings": resume.saved_settings(self.config, self.steps_per_epoch)}))
@@ -128,13 +135,13 @@ class RunCheckpoints:
         that fails too) and names the checkpoint a rerun resumes from."""
         path = self.path(step)
         left = outputs.discard_partial(path + "_temp")
-        latest = tf.train.latest_checkpoint(self.manager.directory) or "step 0"
+        latest = tf.train.latest_checkpoint(self.directory) or "step 0"
         return TrainerError(f"{path}: cannot save the checkpoint "
                             f"({os_reason(error)}); a rerun resumes from {latest}{left}")
 
     def path(self, step: int, directory: str = "") -> str:
         """The checkpoint of ``step`` in ``directory`` (default: where this worker saves)."""
-        return join_path(directory or self.manager.directory,
+        return join_path(directory or self.directory,
                          f"{checkpoint_repair.PREFIX}-{step}")
 
 

@@ -10,8 +10,10 @@ it checks (`DatasetPin.check`) that the folder still holds that dataset: the
 manifest's bytes hash the same (the manifest lists every shard's sha256, so
 a republish changes it), no publish is in progress, and every shard has its
 size. A change ends the run with one line; nothing is exported from mixed
-data. A resumed run on another dataset is refused unless
-``--allow_new_dataset`` says to continue on it (`pin_run`).
+data. A resumed run on another dataset, or on checkpoints that no readable
+pin describes, is refused unless ``--allow_new_dataset`` says to continue
+(`check_resume`); the pin is recorded (`record`) only once every check of
+the run has passed, so a refused run leaves the old one in place.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 
 import mnist_contract as contract
-from trainer.errors import TrainerError, TrainerInputError, summarize_error
+from trainer.errors import TrainerError, TrainerInputError, os_reason, summarize_error
 from trainer.run import outputs
 
 log = logging.getLogger(__name__)
@@ -92,31 +94,55 @@ def changed_error(data: str, what: str) -> TrainerError:
         "data pass --allow_new_dataset)")
 
 
-def _read_pin(model_dir: str) -> Optional[dict]:
+def _read_pin(model_dir: str) -> tuple[Optional[dict], str]:
+    """The recorded pin, or None and why there is none (missing, unreadable)."""
     path = contract.join_path(model_dir, PIN_FILE)
     try:
         with tf.io.gfile.GFile(path, "r") as f:
-            return json.loads(f.read())
+            pinned = json.loads(f.read())
     except tf.errors.NotFoundError:
-        return None
+        return None, "missing"
     except (ValueError, tf.errors.OpError) as e:
-        log.warning("%s: unreadable (%s); recording the dataset again", path,
-                    summarize_error(e))
-        return None
+        return None, f"unreadable ({summarize_error(e)})"
+    if not isinstance(pinned, dict) or not isinstance(pinned.get("manifest_sha256"), str):
+        return None, "unreadable (no manifest_sha256)"
+    return pinned, ""
 
 
-def pin_run(model_dir: str, pin: DatasetPin, *, resuming: bool, allow_new: bool) -> None:
-    """Records ``pin`` in ``model_dir``; a resumed run on another dataset is
-    refused unless ``allow_new`` (``--allow_new_dataset``)."""
-    old = _read_pin(model_dir)
-    if old is not None and old.get("manifest_sha256") != pin.manifest_sha256 and resuming:
-        was = f"{old.get('data')} (manifest sha256 {str(old.get('manifest_sha256'))[:12]}...)"
+def check_resume(model_dir: str, pin: DatasetPin, *, resuming: bool, allow_new: bool) -> None:
+    """Refuses to resume ``model_dir``'s checkpoints on data other than its pin's,
+    or when no readable pin says which data they were trained on, unless
+    ``allow_new`` (``--allow_new_dataset``). Writes nothing (`record` does,
+    once every check of the run has passed)."""
+    if not resuming:
+        return
+    old, problem = _read_pin(model_dir)
+    if old is None:
+        path = contract.join_path(model_dir, PIN_FILE)
         if not allow_new:
             raise TrainerInputError(
-                f"--data={pin.data}: {model_dir} was trained on {was}, and this is "
-                f"another dataset (manifest sha256 {pin.manifest_sha256[:12]}...); "
-                "resume with that data, pass --allow_new_dataset to continue on "
-                "this one, or use another --model_dir")
-        log.warning("%s: continuing on a new dataset (--allow_new_dataset); it was "
-                    "trained on %s", model_dir, was)
-    outputs.write_text(contract.join_path(model_dir, PIN_FILE), pin.to_json())
+                f"{path}: {problem}, and {model_dir} holds checkpoints: nothing says which "
+                f"data they were trained on; pass --allow_new_dataset to continue on "
+                f"--data={pin.data}, or use another --model_dir")
+        log.warning("%s: %s; continuing on %s (--allow_new_dataset)", path, problem, pin.data)
+        return
+    if old["manifest_sha256"] == pin.manifest_sha256:
+        return
+    was = f"{old.get('data')} (manifest sha256 {old['manifest_sha256'][:12]}...)"
+    if not allow_new:
+        raise TrainerInputError(
+            f"--data={pin.data}: {model_dir} was trained on {was}, and this is "
+            f"another dataset (manifest sha256 {pin.manifest_sha256[:12]}...); "
+            "resume with that data, pass --allow_new_dataset to continue on "
+            "this one, or use another --model_dir")
+    log.warning("%s: continuing on a new dataset (--allow_new_dataset); it was "
+                "trained on %s", model_dir, was)
+
+
+def record(model_dir: str, pin: DatasetPin) -> None:
+    """Writes ``pin`` to ``model_dir/dataset.json`` (after `check_resume`)."""
+    path = contract.join_path(model_dir, PIN_FILE)
+    try:
+        outputs.write_text(path, pin.to_json())
+    except tf.errors.OpError as e:
+        raise TrainerError(f"{path}: cannot record the dataset ({os_reason(e)})") from None

@@ -93,15 +93,18 @@ class RunLock(storage_lock.HeldLock):
     """The held ``model_dir`` lock; `release` it when the run ends."""
 
     def check_held(self, model_dir: str) -> None:
-        """Raises unless this run still holds the lock (called before committing)."""
+        """Raises unless this run still holds the lock (`trainer.run.claim`:
+        before each write into ``model_dir``)."""
         try:
             lost = self.lost_reason()
         except _storage_errors() as e:
             raise TrainerError(f"{self.path}: cannot read this run's lock "
-                               f"({storage_reason(e)}); stopped without exporting") from None
+                               f"({storage_reason(e)}); stopped without writing more "
+                               "into --model_dir") from None
         if lost:
-            raise TrainerError(f"{model_dir}: this run lost its lock ({lost}); "
-                               "stopped without exporting")
+            raise TrainerError(f"{model_dir}: this run lost its lock ({lost}); stopped "
+                               "without writing more (the run that holds it carries on "
+                               "from the checkpoints)")
 
 
 def gcs_backend(path: str) -> storage_lock.GcsLockObject:
@@ -204,6 +207,11 @@ def acquire(model_dir: str) -> RunLock:
                                            gone=storage_lock.dead_hosts())
     except _storage_errors() as e:
         raise _cannot_lock(path, storage_reason(e)) from None
+    if holder is not None and holder.unreadable:
+        raise TrainerError(
+            f"{path}: {holder.describe(time.time())}, so no run can be named as its "
+            f"holder; remove it if no run is using {model_dir} (it is taken over once "
+            f"{storage_lock.STALE_SECONDS:.0f}s old)")
     if holder is not None:
         raise TrainerError(
             f"{model_dir}: in use by {holder.describe(time.time())}; one run per "

@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 
 import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
@@ -124,11 +125,12 @@ def export_id(export_dir: str) -> str:
 
 
 def uncommitted(model_dir: str) -> str:
-    """"" when ``model_dir/export`` is the export ``metrics.json`` describes (or
-    carries no id: not written by `commit_export`), else what is wrong."""
+    """"" when ``model_dir/export`` is the export ``metrics.json`` describes,
+    else what is wrong (an export without `EXPORT_ID_FILE` was not committed
+    by `commit_export`: nothing says which run's it is, or that it is whole)."""
     carried = export_id(join_path(model_dir, EXPORT))
     if not carried:
-        return ""
+        return f"no readable {EXPORT_ID_FILE} in it: not an export the trainer committed"
     try:
         with tf.io.gfile.GFile(join_path(model_dir, METRICS), "r") as f:
             named = str(json.loads(f.read()).get("export_id", ""))
@@ -178,14 +180,41 @@ def discard_partial(path: str) -> str:
         return f"; remove the partial {path}"
 
 
-def check_model_dir(model_dir: str) -> None:
-    """``model_dir`` is a folder or does not exist yet (a file is refused)."""
+def check_model_dir(model_dir: str, data: str = "") -> None:
+    """``model_dir`` is a folder or does not exist yet (a file, or a symbolic link
+    to nothing, is refused), apart from ``data`` (the run's files would mix
+    with the dataset's), and what it holds under the layout's folder names
+    are folders (found before training, not at the first save)."""
+    overlap = _overlap(model_dir, data) if data else ""
+    if overlap:
+        raise TrainerInputError(f"{model_dir}: --model_dir {overlap} --data ({data}); the "
+                                "run's files would mix with the dataset's")
+    if "://" not in model_dir and os.path.islink(model_dir) and not os.path.exists(model_dir):
+        raise TrainerInputError(f"{model_dir}: --model_dir is a symbolic link to "
+                                f"{os.readlink(model_dir)}, which does not exist")
     try:
         if tf.io.gfile.exists(model_dir) and not tf.io.gfile.isdir(model_dir):
             raise TrainerInputError(f"{model_dir}: --model_dir is a file, not a folder")
+        for sub in (CHECKPOINTS, LOGS):
+            path = join_path(model_dir, sub)
+            if tf.io.gfile.exists(path) and not tf.io.gfile.isdir(path):
+                raise TrainerInputError(f"{path}: a file where the run keeps its {sub} "
+                                        "folder")
     except tf.errors.OpError as e:
         raise TrainerError(f"{model_dir}: cannot create --model_dir "
                            f"({summarize_error(e)})") from None
+
+
+def _overlap(model_dir: str, data: str) -> str:
+    """How ``model_dir`` and ``data`` overlap ("is", "is inside", "holds"), or ""."""
+    def norm(path: str) -> str:
+        return path.rstrip("/") if "://" in path else os.path.realpath(path)
+    a, b = norm(model_dir), norm(data)
+    if a == b:
+        return "is"
+    if a.startswith(b + "/"):
+        return "is inside"
+    return "holds" if b.startswith(a + "/") else ""
 
 
 def make_model_dir(model_dir: str) -> None:

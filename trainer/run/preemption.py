@@ -1,18 +1,35 @@
-"""Stopping cleanly on SIGTERM (a spot VM's or Kubernetes' preemption) and SIGINT (Ctrl-C).
+"""Stopping cleanly on SIGTERM (a spot VM's or Kubernetes' preemption), SIGINT
+(Ctrl-C) and SIGHUP (a closed terminal or ssh session).
 
-`StopSignals` turns the first signal into a request: the controller sees it
-at the next step boundary (custom loop: after each ``steps_per_execution``
-call; Keras loop: after each train-function call), saves a checkpoint of
-that step with the run's history, and raises `Stopped`; the command line
-prints one line and exits with `EXIT_STATUS` (`mnist_common.console.stopped_by`:
-128 + the signal number, as a shell reports a process the signal ended). Rerunning the same command
-resumes from that checkpoint exactly as after a kill. A second signal stops
-at once, without saving (the last checkpoint on disk stays the resume point).
+No handler here raises: an exception raised in a signal handler surfaces in
+whatever the main thread runs, and inside TensorFlow (a ``tf.function``
+being traced, a Keras layer being called) it comes out wrapped in
+TensorFlow's or Keras' own errors, as a traceback. So a handler either sets
+a flag that the training loop reads at its next step boundary, or ends the
+process itself.
+
+`StopSignals` turns the first signal during training into a request: the
+controller sees it at the next step boundary (custom loop: after each
+``steps_per_execution`` call; Keras loop: after each train-function call),
+saves a checkpoint of that step with the run's history, and raises
+`Stopped`; the command line prints one line and exits with `EXIT_STATUS`
+(`mnist_common.console.stopped_by`: 128 + the signal number, as a shell
+reports a process the signal ended). Rerunning the same command resumes
+from that checkpoint exactly as after a kill. `ProcessSignals`, which the
+command line installs for its whole run, ends the process at once, with one
+line and that status, on a signal outside the training steps (nothing to
+save: no step was trained since the last checkpoint, or training is
+complete and checkpointed) and on a second signal during them (the last
+checkpoint on disk stays the resume point); first it runs what the run
+registered with `at_stop` (releasing the ``model_dir`` lock; while the lock
+is being taken the signal waits, `deferred`). A signal that
+was ignored when the process started (``nohup``, a detached launcher) stays
+ignored.
 
 Under multi-worker training the signal reaches one worker (the VM or pod
 being preempted) while the others train on inside the same collectives, so
 the workers decide together: at every boundary they exchange what each
-received (`StopSignals.requested`, one all-reduce of two numbers), and all
+received (`StopSignals.requested`, one all-reduce of three numbers), and all
 stop at the same step, each saving the checkpoint of that step (the
 chief's in ``model_dir``, the one a rerun resumes from on every worker).
 Every worker exits with the same status; the others' line says the signal
@@ -35,15 +52,16 @@ with ``steps_per_execution > 1``; see docs/trainer.md).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
-from typing import Callable, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 from mnist_common import console
 
-EXIT_STATUS = {signum: console.stopped_by(signum)
-               for signum in (signal.SIGTERM, signal.SIGINT)}
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+EXIT_STATUS = {signum: console.stopped_by(signum) for signum in SIGNALS}
 
 
 class Stopped(Exception):
@@ -62,20 +80,107 @@ class Stopped(Exception):
                            f"{step}, saved {checkpoint}; rerun the same command to resume")
 
 
+def _install(handler) -> dict:
+    """``handler`` for each of `SIGNALS` not ignored at start (main thread only:
+    Python runs handlers there); the handlers it replaced."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    replaced = {}
+    for signum in SIGNALS:
+        if signal.getsignal(signum) is not signal.SIG_IGN:
+            replaced[signum] = signal.signal(signum, handler)
+    return replaced
+
+
+def _restore(replaced: dict) -> None:
+    for signum, handler in replaced.items():
+        signal.signal(signum, handler)
+    replaced.clear()
+
+
+class ProcessSignals:
+    """The command line's signals from start to exit (a context manager): each
+    ends the process at once (`end`), unless `StopSignals` watches training."""
+
+    def __init__(self) -> None:
+        self.cleanups: list[Callable[[], None]] = []
+        self.deferring, self.pending = False, None  # `deferred`
+        self._replaced: dict = {}
+
+    def __enter__(self) -> "ProcessSignals":
+        global _process
+        self._replaced, _process = _install(self._handle), self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        global _process
+        _restore(self._replaced)
+        _process = None
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.deferring:
+            self.pending = signum
+            return
+        self.end(signum, f"{signal.Signals(signum).name} received outside the training "
+                         "steps: stopped; a rerun resumes from the last checkpoint, if any")
+
+    def end(self, signum: int, message: str) -> None:
+        """Prints ``message``, runs the cleanups (newest first), exits 128 + ``signum``.
+
+        ``os._exit``: unwinding (an exception) would pass through whatever
+        TensorFlow is doing; the cleanups are what must not be skipped.
+        """
+        os.write(2, f"{message}\n".encode())  # a print could re-enter an interrupted one
+        for cleanup in reversed(self.cleanups):
+            try:
+                cleanup()
+            except Exception as e:  # noqa: BLE001  (the exit goes ahead; say what is left)
+                os.write(2, f"while stopping: {type(e).__name__}: {e}\n".encode())
+        os._exit(EXIT_STATUS[signum])
+
+
+_process: Optional[ProcessSignals] = None  # the command line's, while installed
+
+
+def at_stop(cleanup: Callable[[], None]) -> None:
+    """Runs ``cleanup`` if a signal ends the process (command line only) until
+    `forget`; e.g. releasing the ``model_dir`` lock."""
+    if _process is not None:
+        _process.cleanups.append(cleanup)
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """A signal that would end the process waits for the end of the block:
+    between creating the ``model_dir`` lock and registering its release
+    (`at_stop`), ending would leave the lock behind."""
+    if _process is None:
+        yield
+        return
+    _process.deferring = True
+    try:
+        yield
+    finally:
+        _process.deferring = False
+        if _process.pending is not None:
+            _process._handle(_process.pending, None)
+
+
+def forget(cleanup: Callable[[], None]) -> None:
+    if _process is not None and cleanup in _process.cleanups:
+        _process.cleanups.remove(cleanup)
+
+
 class StopSignals:
-    """While watched, SIGTERM and SIGINT request a stop instead of ending the process."""
+    """While watched, `SIGNALS` request a stop at the next step boundary."""
 
     def __init__(self) -> None:
         self.received: Optional[int] = None
         self._previous: dict = {}
 
     def watch(self) -> None:
-        """From now until `release`, the signals request a stop (in the main
-        thread only: Python runs signal handlers there)."""
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for signum in EXIT_STATUS:
-            self._previous[signum] = signal.signal(signum, self._handle)
+        """From now until `release`, the signals request a stop."""
+        self._previous = _install(self._handle)
 
     @property
     def name(self) -> str:
@@ -96,24 +201,25 @@ class StopSignals:
         mine = self.received
         if share is None:
             return None if mine is None else (mine, True)
-        terms, interrupts = share([mine == signal.SIGTERM, mine == signal.SIGINT])
+        counts = share([mine == signum for signum in SIGNALS])
         if mine is not None:
             return mine, True
-        if terms or interrupts:
-            return (signal.SIGTERM if terms else signal.SIGINT), False
+        for signum, count in zip(SIGNALS, counts):
+            if count:
+                return signum, False
         return None
 
     def release(self) -> None:
         """The signals act as before `watch` again."""
-        for signum, handler in self._previous.items():
-            signal.signal(signum, handler)
-        self._previous.clear()
+        _restore(self._previous)
 
     def _handle(self, signum: int, frame) -> None:
         if self.received is not None:  # asked twice: stop now, without a checkpoint
-            raise Stopped(signum, f"{signal.Signals(signum).name} received twice: stopped "
-                                  "without saving; a rerun resumes from the last checkpoint")
+            message = (f"{signal.Signals(signum).name} received twice: stopped without "
+                       "saving; a rerun resumes from the last checkpoint")
+            if _process is None:  # in a Python program: its exception, its choice
+                raise Stopped(signum, message)
+            _process.end(signum, message)
         self.received = signum
-        # os.write: a print here could re-enter a print the signal interrupted.
         os.write(2, f"{self.name} received: stopping after the current steps to save "
                     "a checkpoint\n".encode())

@@ -1,0 +1,182 @@
+"""SIGTERM, SIGINT and SIGHUP at any moment of a trainer's life: one line, exit
+128 + N, the model_dir lock released, and never a traceback.
+
+A handler that raised would surface inside whatever the main thread runs; in
+a ``tf.function`` being traced that comes out wrapped by AutoGraph or Keras
+as a traceback. So the handlers only set a flag (during training) or end the
+process themselves (`trainer.run.preemption.ProcessSignals`); the first
+tests check that mechanism in a small process, the last ones the trainer.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import pytest
+
+from mnist_common import storage_lock
+from tests import trainer_data
+from tests.helpers import REPO
+from tests.trainer.trainer_runs import start
+
+NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "SIGINT", signal.SIGHUP: "SIGHUP"}
+
+
+def python(code: str, tmp_path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO,
+                          capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, MARKER=str(tmp_path / "cleaned")))
+
+
+@pytest.mark.parametrize("signum", list(NAMES))
+def test_a_signal_outside_training_ends_the_process_after_its_cleanups(tmp_path, signum):
+    result = python(f"""
+        import os, time
+        from trainer.run import preemption
+        with preemption.ProcessSignals():
+            preemption.at_stop(lambda: open(os.environ["MARKER"], "w").close())
+            os.kill(os.getpid(), {int(signum)})
+            time.sleep(30)
+        """, tmp_path)
+    assert result.returncode == 128 + signum, result.stderr
+    assert result.stderr.splitlines() == [
+        f"{NAMES[signum]} received outside the training steps: stopped; a rerun resumes "
+        "from the last checkpoint, if any"]
+    assert (tmp_path / "cleaned").exists()
+
+
+@pytest.mark.parametrize("signum", list(NAMES))
+def test_a_second_signal_in_training_ends_the_process_without_raising(tmp_path, signum):
+    """The second signal does not raise into the code it interrupts (here a
+    `try` that would swallow it): the process ends from the handler."""
+    result = python(f"""
+        import os, time
+        from trainer.run import preemption
+        with preemption.ProcessSignals():
+            preemption.at_stop(lambda: open(os.environ["MARKER"], "w").close())
+            signals = preemption.StopSignals()
+            signals.watch()
+            os.kill(os.getpid(), {int(signum)})
+            assert signals.received == {int(signum)}
+            try:
+                os.kill(os.getpid(), {int(signum)})
+                time.sleep(30)
+            except BaseException as e:
+                print("raised", type(e).__name__)
+        """, tmp_path)
+    assert result.returncode == 128 + signum, result.stdout + result.stderr
+    name = NAMES[signum]
+    assert result.stderr.splitlines() == [
+        f"{name} received: stopping after the current steps to save a checkpoint",
+        f"{name} received twice: stopped without saving; a rerun resumes from the last "
+        "checkpoint"]
+    assert result.stdout == "" and (tmp_path / "cleaned").exists()
+
+
+def test_a_signal_ignored_at_start_stays_ignored(tmp_path):
+    """nohup and detached launchers ignore SIGHUP: the trainer keeps it so."""
+    result = python("""
+        import os, signal
+        from trainer.run import preemption
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        with preemption.ProcessSignals():
+            signals = preemption.StopSignals()
+            signals.watch()
+            os.kill(os.getpid(), signal.SIGHUP)
+            print("still running", signals.received)
+        """, tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "still running None\n"
+
+
+class _Lines:
+    """A process's stdout and stderr lines as they come, from two threads."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.proc, self.seen, self.queue = proc, [], queue.Queue()
+        for stream in (proc.stdout, proc.stderr):
+            threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+
+    def _read(self, stream) -> None:
+        for line in stream:
+            self.queue.put(line)
+
+    def wait_for(self, text: str, timeout: float = 240) -> bool:
+        """True once a line containing ``text`` came; False if the process ended first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                line = self.queue.get(timeout=0.01)
+            except queue.Empty:
+                if self.proc.poll() is not None and self.queue.empty():
+                    return False
+                continue
+            self.seen.append(line)
+            if text in line:
+                return True
+        raise AssertionError(f"no {text!r} in {timeout}s: {''.join(self.seen)[-3000:]}")
+
+    def rest(self) -> list[str]:
+        self.proc.wait(timeout=120)
+        time.sleep(0.2)  # the readers' last lines
+        while not self.queue.empty():
+            self.seen.append(self.queue.get())
+        return self.seen
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_second_signal_while_tensorflow_traces_is_one_line(tmp_path, signum):
+    """The first signal once ``Epoch 1/`` is printed (fit has begun: a stop
+    request), the second as soon as the first is acknowledged, while the
+    first train function is being traced."""
+    data, model_dir = str(tmp_path / "data"), str(tmp_path / "m")
+    trainer_data.write_dataset(data, num_train=128, num_test=16, train_shards=1,
+                               test_shards=1)
+    proc = start(data, model_dir, "--model=convnet", "--epochs=40", "--verbose=2",
+                 "--steps_per_execution=1", "--global_batch_size=32", "--seed=1")
+    try:
+        lines = _Lines(proc)
+        assert lines.wait_for("Epoch 1/")
+        proc.send_signal(signum)
+        if lines.wait_for("stopping after the current steps"):
+            proc.send_signal(signum)
+        seen = lines.rest()
+    finally:
+        proc.kill()
+    text = "".join(seen)
+    assert proc.returncode == 128 + signum, text[-3000:]
+    assert "Traceback" not in text and "Error" not in text, text[-3000:]
+    assert not os.path.exists(f"{model_dir}/{storage_lock.LOCK_FILE}")  # released
+    assert seen[-1].startswith(f"{NAMES[signum]} received"), seen[-1]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", list(NAMES))
+def test_a_signal_once_the_lock_is_taken_releases_it(tmp_path, signum):
+    """Sent as soon as ``model_dir/.lock`` appears (the model is being built):
+    one line, 128 + N, and the lock gone."""
+    data, model_dir = str(tmp_path / "data"), str(tmp_path / "m")
+    trainer_data.write_dataset(data, num_train=64, num_test=16, train_shards=1,
+                               test_shards=1)
+    proc = start(data, model_dir, "--epochs=40")
+    lock = f"{model_dir}/{storage_lock.LOCK_FILE}"
+    try:
+        while not os.path.exists(lock):
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.005)
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signum, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1].startswith(f"{NAMES[signum]} received"), err[-2000:]
+    assert not os.path.exists(lock)
