@@ -9,7 +9,6 @@ runs), and its output must equal DirectRunner's byte for byte.
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 

@@ -19,7 +19,6 @@ import pytest
 from pipeline import credentials, progress
 from pipeline.source import download, idx
 from pipeline.__main__ import main
-from pipeline.errors import PipelineInputError
 from tests.helpers import REPO, run_job
 
 FIX = ("run `gcloud auth application-default login`, or set "
