@@ -64,7 +64,8 @@ def test_trainer_rows(tmp_path, monkeypatch, capsys):
     from trainer import __main__ as cli
     from trainer.errors import TrainerError
     from trainer.run import lock as run_lock
-    flags = [f"--data={tmp_path}", f"--model_dir={tmp_path}/m"]
+    (tmp_path / "empty").mkdir()
+    flags = [f"--data={tmp_path}/empty", f"--model_dir={tmp_path}/m"]
     with pytest.raises(SystemExit) as usage:
         cli.main([*flags, "--bogus"])
     assert usage.value.code == 2

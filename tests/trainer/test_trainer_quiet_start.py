@@ -27,7 +27,7 @@ def run(args, level) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("level", [None, "0", "1"])
 def test_trainer_start_is_quiet(tmp_path, level):
     (tmp_path / "model").write_text("a file")
-    result = run(["trainer", "--preset=smoke", f"--data={tmp_path}",
+    result = run(["trainer", "--preset=smoke", f"--data={tmp_path / 'data'}",
                   f"--model_dir={tmp_path / 'model'}"], level)
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
