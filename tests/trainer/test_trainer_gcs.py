@@ -199,7 +199,7 @@ def test_trainer_refuses_a_damaged_gs_dataset(gcs_tls, dataset, root, damage):
     proc = _run(gcs_tls, "-m", "trainer", f"--data=gs://{EMULATOR_BUCKET}/{data}",
                 f"--model_dir=gs://{EMULATOR_BUCKET}/{data}-model", *TRAIN_FLAGS, "--epochs=1")
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert proc.returncode == 1 and len(errors) == 1, proc.stderr[-3000:]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-3000:]
     assert f"gs://{EMULATOR_BUCKET}/{data}/" in errors[0] and expected in errors[0], errors
     assert not _names(gcs_tls, f"{data}-model")
 
@@ -275,7 +275,7 @@ def test_resuming_a_gs_model_dir_on_other_data_is_refused(gcs_tls, trained, data
     proc = _run(gcs_tls, "-m", "trainer", f"--data=gs://{EMULATOR_BUCKET}/{other}",
                 f"--model_dir=gs://{EMULATOR_BUCKET}/{model_dir}", *TRAIN_FLAGS, "--epochs=3")
     errors = _error_lines(proc)
-    assert proc.returncode == 1 and len(errors) == 1, proc.stderr[-3000:]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-3000:]
     assert "--allow_new_dataset" in errors[0] and f"gs://{EMULATOR_BUCKET}/{other}" in errors[0]
     assert _names(gcs_tls, model_dir) == before
 
