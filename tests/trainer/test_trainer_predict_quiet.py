@@ -50,7 +50,7 @@ def test_predict_on_a_split_prints_only_its_own_lines(trained):
 def test_predict_errors_still_show(trained):
     dataset, model_dir = trained
     proc = run_predict(f"--model_dir={model_dir}", f"--data={dataset}", "--split=valid")
-    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.returncode == 2 and proc.stdout == ""  # an unknown split: bad input
     assert proc.stderr.splitlines() == [
         f"error: {dataset}/manifest.json: split 'valid' not in manifest "
         "(has ['test', 'train'])"]
