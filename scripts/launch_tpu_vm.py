@@ -24,9 +24,10 @@ train   reads ``--data``'s manifest.json (``gcloud storage cat``) and warns
         trainer's pid in ``~/mnist-tpu/train.pid`` and, when it ends, its
         exit status in ``~/mnist-tpu/train.exit``.
 wait    asks every host for that state every ``--poll_seconds`` until the
-        trainer has exited, then exits with the trainer's status (143 or
-        130: stopped by SIGTERM or SIGINT after saving a checkpoint, e.g. a
-        preemption: it says to rerun the train step to resume); 124 after
+        trainer has exited, then exits with the trainer's status (143, 130
+        or 129: stopped by SIGTERM, SIGINT or SIGHUP, e.g. a preemption, with
+        every trained step saved: it says to rerun the train step to
+        resume); 124 after
         ``--wait_timeout`` seconds, 255 when several checks in a row fail.
 status  asks once: prints one line per host; exits 0 while training runs or
         after it succeeded, else with the trainer's status (1 if none).
