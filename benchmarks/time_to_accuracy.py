@@ -147,11 +147,25 @@ def ratio(bare: Optional[Epoch], example: Optional[Epoch]) -> Optional[float]:
     return bare.seconds / example.seconds
 
 
+def outcome(example: Run, bare: Run) -> tuple[float, dict[str, Optional[Epoch]],
+                                                Optional[float]]:
+    """The target (the example's final accuracy at 4 decimals), each run's
+    first epoch reaching it by name, and the ratio bare ÷ example."""
+    target = round(example.final_accuracy, 4)
+    hits = {run.name: time_to_target(run.epochs, target) for run in (example, bare)}
+    return target, hits, ratio(hits[bare.name], hits[example.name])
+
+
+def goal_met(example: Run, bare: Run) -> bool:
+    """Whether the bare command reached the target in less time (ratio < 1.0)."""
+    r = outcome(example, bare)[2]
+    return r is not None and r < 1.0
+
+
 def report(example: Run, bare: Run) -> list[str]:
     """The lines the benchmark ends with: target, per contender its time to
     target, final accuracy and total time, then the ratio."""
-    target = round(example.final_accuracy, 4)
-    hits = {run.name: time_to_target(run.epochs, target) for run in (example, bare)}
+    target, hits, r = outcome(example, bare)
     lines = [f"target (example's final validation accuracy): {target:.4f}"]
     for run in (example, bare):
         hit = hits[run.name]
@@ -160,10 +174,9 @@ def report(example: Run, bare: Run) -> list[str]:
         lines.append(f"{run.name}: time to target {reached}; final accuracy "
                      f"{run.final_accuracy:.4f} after {len(run.epochs)} epoch(s); "
                      f"total {run.total_seconds:.1f} s")
-    r = ratio(hits[bare.name], hits[example.name])
     lines.append("ratio bare/example: " + ("n/a (bare command did not reach the target)"
                                            if r is None else f"{r:.3f}")
-                 + " (goal < 1.0: " + ("met" if r is not None and r < 1.0 else "MISSED")
+                 + " (goal < 1.0: " + ("met" if goal_met(example, bare) else "MISSED")
                  + ")")
     return lines
 
@@ -275,7 +288,10 @@ def check_example_data(example: Run, expected: str) -> None:
 def check_bare(model_dir: Path, manifest_raw: bytes, bare: Run, val_count: int) -> str:
     """The bare command read the same manifest and evaluated on the whole
     validation split; returns what it ran (preset, strategy, replicas)."""
-    metrics = json.loads((model_dir / "metrics.json").read_text())
+    path = model_dir / "metrics.json"
+    if not path.is_file():
+        raise ContenderFailed(f"bare: exited 0 without {path}")
+    metrics = json.loads(path.read_text())
     pinned = metrics["dataset"]["manifest_sha256"]
     if pinned != hashlib.sha256(manifest_raw).hexdigest():
         raise ContenderFailed(f"bare: trained on manifest sha256 {pinned}, not the "
@@ -300,10 +316,10 @@ def bare_cmd(model_dir: Path, options: Options) -> list[str]:
             f"--model_dir={model_dir}", *options.trainer_flags]
 
 
-def benchmark(options: Options, work: Path) -> int:
+def benchmark(options: Options, manifest: contract.Manifest, raw: bytes,
+              work: Path) -> int:
     """Both contenders, one after the other, on the folder's splits; prints
     the report; 0 when bare ÷ example is below 1.0, else 1."""
-    manifest, raw = read_manifest(options.data)
     train, val = (read_split(options.data, manifest, s) for s in (TRAIN, VAL))
     expected = write_npz(work / "mnist.npz", train, val)
     print(f"data {options.data}: {len(train[1])} train, {len(val[1])} validation digits; "
@@ -321,9 +337,7 @@ def benchmark(options: Options, work: Path) -> int:
 
     for line in report(example, bare):
         print(line, flush=True)
-    target = round(example.final_accuracy, 4)
-    r = ratio(time_to_target(bare.epochs, target), time_to_target(example.epochs, target))
-    return 0 if r is not None and r < 1.0 else 1
+    return 0 if goal_met(example, bare) else 1
 
 
 # -- the command line -----------------------------------------------------------------
@@ -348,17 +362,19 @@ def parse_options(argv: Optional[Sequence[str]]) -> Options:
 
 
 def _run(options: Options) -> int:
-    """`benchmark` in ``--work_dir`` (checked empty) or a temporary folder."""
+    """`benchmark` on the folder's manifest (read first, so that bad input
+    leaves nothing behind) in ``--work_dir`` (checked empty) or a temporary folder."""
+    manifest, raw = read_manifest(options.data)
     if options.work_dir is None:
         with tempfile.TemporaryDirectory(prefix="tta-") as tmp:
-            return benchmark(options, Path(tmp))
+            return benchmark(options, manifest, raw, Path(tmp))
     if options.work_dir.exists() and not options.work_dir.is_dir():
         raise BadInput(f"{options.work_dir}: not a folder")
     if options.work_dir.exists() and any(options.work_dir.iterdir()):
         raise BadInput(f"{options.work_dir}: not empty (the bare command would resume "
                        "from a model_dir in it)")
     options.work_dir.mkdir(parents=True, exist_ok=True)
-    return benchmark(options, options.work_dir)
+    return benchmark(options, manifest, raw, options.work_dir)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

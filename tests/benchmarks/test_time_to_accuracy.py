@@ -99,6 +99,9 @@ def test_report_when_bare_is_faster_or_never_there():
     assert "bare: time to target not reached" in lines[2]
     assert lines[-1] == ("ratio bare/example: n/a (bare command did not reach the "
                          "target) (goal < 1.0: MISSED)")
+    assert tta.goal_met(example, run("bare", (0.995, 25.0)))
+    assert not tta.goal_met(example, run("bare", (0.995, 50.0)))  # a tie is not below 1.0
+    assert not tta.goal_met(example, run("bare", (0.98, 25.0)))
 
 
 # -- the data and the contenders' checks ---------------------------------------------------
@@ -160,7 +163,9 @@ def bad_input(capsys, argv) -> str:
 
 
 def test_missing_folder(capsys, tmp_path):
-    assert f"{tmp_path / 'nope'}: no such folder" in bad_input(capsys, [str(tmp_path / "nope")])
+    err = bad_input(capsys, [str(tmp_path / "nope"), f"--work_dir={tmp_path / 'w'}"])
+    assert f"{tmp_path / 'nope'}: no such folder" in err
+    assert not (tmp_path / "w").exists()
 
 
 def test_folder_without_manifest(capsys, tmp_path):
