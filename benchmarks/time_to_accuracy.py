@@ -43,6 +43,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -249,25 +250,21 @@ def stream(name: str, cmd: Sequence[str], parse: Callable[[str], Optional[tuple]
            stderr_path: Path) -> Run:
     """Runs ``cmd``, timestamping each line of its output from the launch.
 
-    Its stderr goes to ``stderr_path`` (quoted when it fails). Text mode
-    splits at carriage returns too, so an epoch line that follows a progress
-    bar's ``\\r`` updates is read the moment its own newline arrives.
+    Its stderr goes to ``stderr_path`` (quoted when it fails). If this
+    process is interrupted (Ctrl-C, SIGTERM: `main`), the contender is
+    killed rather than left training on a shared machine.
     """
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
-    lines, epochs = [], []
     with open(stderr_path, "w") as err:
         start = time.perf_counter()
-        proc = subprocess.Popen(list(cmd), cwd=REPO, stdout=subprocess.PIPE, stderr=err,
-                                text=True, env=env)
-        for line in proc.stdout:
-            seconds = time.perf_counter() - start
-            lines.append(line.rstrip("\n"))
-            found = parse(line)
-            if found is not None:
-                epochs.append(Epoch(found[0], found[1], found[2], seconds))
-                print(f"  {name} epoch {found[0]}/{found[1]} accuracy {found[2]:.4f} "
-                      f"at {seconds:.1f} s", flush=True)
-        code = proc.wait()
+        with subprocess.Popen(list(cmd), cwd=REPO, stdout=subprocess.PIPE, stderr=err,
+                              text=True, env=env) as proc:
+            try:
+                lines, epochs = _read_epochs(proc, start, name, parse)
+            except BaseException:
+                proc.kill()
+                raise
+            code = proc.wait()
         total = time.perf_counter() - start
     if code != 0 or not epochs:
         tail = stderr_path.read_text().strip().splitlines()[-5:]
@@ -275,6 +272,24 @@ def stream(name: str, cmd: Sequence[str], parse: Callable[[str], Optional[tuple]
                               f"{len(epochs)} epoch line(s); its stderr ends: "
                               + " | ".join(tail))
     return Run(name, tuple(epochs), total, tuple(lines))
+
+
+def _read_epochs(proc: subprocess.Popen, start: float, name: str,
+                 parse: Callable[[str], Optional[tuple]]) -> tuple[list[str], list[Epoch]]:
+    """Each output line, and each epoch line timed from ``start`` as it is
+    read. Text mode splits at carriage returns too, so an epoch line that
+    follows a progress bar's ``\\r`` updates is read when its own newline
+    arrives."""
+    lines, epochs = [], []
+    for line in proc.stdout:
+        seconds = time.perf_counter() - start
+        lines.append(line.rstrip("\n"))
+        found = parse(line)
+        if found is not None:
+            epochs.append(Epoch(found[0], found[1], found[2], seconds))
+            print(f"  {name} epoch {found[0]}/{found[1]} accuracy {found[2]:.4f} "
+                  f"at {seconds:.1f} s", flush=True)
+    return lines, epochs
 
 
 def check_example_data(example: Run, expected: str) -> None:
@@ -377,7 +392,13 @@ def _run(options: Options) -> int:
     return benchmark(options, manifest, raw, options.work_dir)
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    """SIGTERM as `SystemExit`, so `stream` kills the running contender."""
+    sys.exit(128 + signum)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         return _run(parse_options(argv))
     except BadInput as e:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import subprocess
 import sys
@@ -151,6 +152,38 @@ def test_check_bare_wants_the_same_manifest_and_validation_count(tmp_path):
         tta.check_bare(tmp_path, raw + b" ", bare, 9)
     with pytest.raises(tta.ContenderFailed, match=r"evaluated on \[9, 10000\] examples"):
         tta.check_bare(tmp_path, raw, tta.Run("bare", (), 1.0, (TRAINER_LINE,)), 9)
+
+
+def test_stream_times_epoch_lines_and_reports_a_failed_contender(tmp_path):
+    script = ("import sys; print('noise'); print('epoch 1/2 val_accuracy 0.5000', flush=True);"
+              "print('boom', file=sys.stderr); sys.exit(4)")
+    with pytest.raises(tta.ContenderFailed, match=r"exited 4 after 1 epoch line\(s\); "
+                                                  r"its stderr ends: boom"):
+        tta.stream("x", [sys.executable, "-c", script], tta.parse_example_epoch,
+                   tmp_path / "err")
+    ok = tta.stream("x", [sys.executable, "-c", script.replace("sys.exit(4)", "0")],
+                    tta.parse_example_epoch, tmp_path / "err")
+    assert ok.output == ("noise", "epoch 1/2 val_accuracy 0.5000")
+    assert [(e.number, e.of, e.accuracy) for e in ok.epochs] == [(1, 2, 0.5)]
+    assert 0 < ok.epochs[0].seconds <= ok.total_seconds
+    with pytest.raises(tta.ContenderFailed, match="exited 0 after 0 epoch line"):
+        tta.stream("x", [sys.executable, "-c", "print('no epochs')"],
+                   tta.parse_example_epoch, tmp_path / "err")
+
+
+@pytest.mark.timeout(60)  # a contender left running would be waited for: an hour
+def test_an_interrupted_stream_kills_its_contender(tmp_path):
+    script = "import os, time; print(os.getpid(), flush=True); time.sleep(3600)"
+    pids = []
+
+    def interrupt(line):
+        pids.append(int(line))
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        tta.stream("x", [sys.executable, "-c", script], interrupt, tmp_path / "err")
+    with pytest.raises(ProcessLookupError):
+        os.kill(pids[0], 0)
 
 
 # -- bad input: one line, exit 2 -------------------------------------------------------------
