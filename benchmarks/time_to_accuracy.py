@@ -62,6 +62,7 @@ from mnist_contract import framing, wire  # noqa: E402
 from benchmarks.keras_mnist_convnet import data_line  # noqa: E402
 
 EXAMPLE_SCRIPT = REPO / "benchmarks" / "keras_mnist_convnet.py"
+CHECK_TRAINER_FLAGS = REPO / "scripts" / "check_trainer_flags.py"
 TRAIN, VAL = "train", "test"  # the manifest's splits; "test" is the validation split
 BAD_INPUT, CONTENDER_FAILED = 2, 3
 
@@ -331,6 +332,18 @@ def bare_cmd(model_dir: Path, options: Options) -> list[str]:
             f"--model_dir={model_dir}", *options.trainer_flags]
 
 
+def check_trainer_flags(options: Options) -> None:
+    """`BadInput` now, rather than after the example's run, if the trainer's
+    own parser (`scripts/check_trainer_flags.py`, no TensorFlow) refuses
+    ``--trainer_flags``."""
+    argv = bare_cmd(Path("model_dir"), options)[3:]
+    found = subprocess.run([sys.executable, str(CHECK_TRAINER_FLAGS), *argv],
+                           capture_output=True, text=True)
+    if found.returncode != 0:
+        line = (found.stderr.strip().splitlines() or ["refused"])[-1]
+        raise BadInput(f"--trainer_flags: {line.removeprefix('error: ')}")
+
+
 def benchmark(options: Options, manifest: contract.Manifest, raw: bytes,
               work: Path) -> int:
     """Both contenders, one after the other, on the folder's splits; prints
@@ -380,6 +393,7 @@ def _run(options: Options) -> int:
     """`benchmark` on the folder's manifest (read first, so that bad input
     leaves nothing behind) in ``--work_dir`` (checked empty) or a temporary folder."""
     manifest, raw = read_manifest(options.data)
+    check_trainer_flags(options)
     if options.work_dir is None:
         with tempfile.TemporaryDirectory(prefix="tta-") as tmp:
             return benchmark(options, manifest, raw, Path(tmp))

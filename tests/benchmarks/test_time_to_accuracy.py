@@ -226,6 +226,10 @@ def test_shard_that_differs_from_its_manifest(capsys, dataset, tmp_path):
 @pytest.mark.parametrize("argv, says", [
     (["--epochs_example=0"], "--epochs_example must be >= 1, not 0"),
     (["--trainer_flags=--model_dir=x"], "--trainer_flags: --model_dir is set by the benchmark"),
+    (["--trainer_flags=--epochs=0"], "--trainer_flags: trainer flags: --epochs must be >= 1, "
+                                     "not 0"),
+    (["--trainer_flags=--epoch=3"], "--trainer_flags: trainer flags: unrecognized arguments: "
+                                    "--epoch=3"),
 ])
 def test_bad_options(capsys, dataset, argv, says):
     assert says in bad_input(capsys, [str(dataset), *argv])
