@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gzip
 import hashlib
 import io
 import json
@@ -186,8 +187,9 @@ def report(example: Run, bare: Run) -> list[str]:
 # -- the data -----------------------------------------------------------------------
 
 def read_manifest(data: Path) -> tuple[contract.Manifest, bytes]:
-    """The folder's manifest and its bytes; `BadInput` for a missing folder or
-    manifest, a damaged one, or one without the two splits."""
+    """The folder's manifest and its bytes (whose sha256 the trainer's
+    metrics.json must name); `BadInput` for a missing folder or manifest, a
+    damaged one, or one without the two splits."""
     path = data / contract.MANIFEST_FILE
     if not data.is_dir():
         raise BadInput(f"{data}: no such folder (give the pipeline's output folder)")
@@ -203,9 +205,6 @@ def read_manifest(data: Path) -> tuple[contract.Manifest, bytes]:
     if missing:
         raise BadInput(f"{path}: no {' or '.join(missing)} split (has "
                        f"{', '.join(sorted(manifest.splits))})")
-    if manifest.compression != "none":
-        raise BadInput(f"{path}: compression {manifest.compression!r}; this benchmark "
-                       "reads uncompressed shards")
     return manifest, raw
 
 
@@ -221,6 +220,8 @@ def read_split(data: Path, manifest: contract.Manifest, split: str
         blob = path.read_bytes()
         if len(blob) != shard.num_bytes or hashlib.sha256(blob).hexdigest() != shard.sha256:
             raise BadInput(f"{path}: size or sha256 differs from {contract.MANIFEST_FILE}")
+        if manifest.compression == "gzip":  # TFRecord GZIP: the whole file is one gzip stream
+            blob = gzip.decompress(blob)
         before = len(labels)
         try:
             for record in framing.iter_records(io.BytesIO(blob), str(path)):
@@ -234,7 +235,6 @@ def read_split(data: Path, manifest: contract.Manifest, split: str
                            f"{contract.MANIFEST_FILE} says {shard.num_examples}")
     return (np.stack(images).reshape(-1, 28, 28).astype(np.uint8),
             np.asarray(labels, dtype=np.uint8))
-
 
 
 def write_npz(path: Path, train: tuple[np.ndarray, np.ndarray],

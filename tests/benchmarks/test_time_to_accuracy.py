@@ -115,10 +115,14 @@ def dataset(tmp_path_factory):
     return folder
 
 
-def test_read_split_gives_the_shards_digits_in_file_order(dataset):
-    from tests.trainer_data import make_arrays
-    manifest, _ = tta.read_manifest(dataset)
-    images, labels = tta.read_split(dataset, manifest, "train")
+@pytest.mark.parametrize("image_format, compression", [("raw", "none"), ("png", "none"),
+                                                       ("raw", "gzip")])
+def test_read_split_gives_the_shards_digits_in_file_order(tmp_path, image_format, compression):
+    from tests.trainer_data import make_arrays, write_dataset
+    write_dataset(str(tmp_path), num_train=40, num_test=9, train_shards=2, test_shards=1,
+                  image_format=image_format, compression=compression)
+    manifest, _ = tta.read_manifest(tmp_path)
+    images, labels = tta.read_split(tmp_path, manifest, "train")
     want_images, want_labels = make_arrays(40, 0)  # write_dataset's train arrays
     order = np.concatenate([np.arange(0, 40, 2), np.arange(1, 40, 2)])  # round-robin shards
     assert images.dtype == labels.dtype == np.uint8 and images.shape == (40, 28, 28)
