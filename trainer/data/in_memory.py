@@ -16,8 +16,8 @@ stream position ``b * size``: example ``b * size mod n`` of epoch
 ``b * size // n``. A run resumed at batch ``b`` computes that epoch's
 permutation and starts inside it: no record is read, and nothing is skipped.
 
-The module knows nothing of files or records; it takes the decoded arrays
-and returns batches of them (uint8 images, labels, indices).
+The module knows nothing of files or records: it gives the rows of each
+batch (`row_batches`) and gathers them from the decoded arrays (`gather`).
 """
 
 from __future__ import annotations
@@ -81,14 +81,6 @@ def row_batches(n: int, size: int, first_batch: int, key) -> tf.data.Dataset:
             .rebatch(size, drop_remainder=True))
 
 
-def batches(arrays: Mapping[str, tf.Tensor], size: int, first_batch: int,
-            key) -> tf.data.Dataset:
-    """The endless stream of ``size``-row batches of ``arrays`` from batch
-    ``first_batch`` on; ``key``: ``(seed, pipeline)``.
-
-    Batches keep their order (a deterministic parallel map of the gathers).
-    """
-    n = int(arrays[contract.LABEL_KEY].shape[0])
-    return row_batches(n, size, first_batch, key).map(
-        lambda rows: {name: tf.gather(values, rows) for name, values in arrays.items()},
-        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+def gather(arrays: Mapping[str, tf.Tensor], rows: tf.Tensor) -> dict[str, tf.Tensor]:
+    """The ``rows`` of every array: one batch."""
+    return {name: tf.gather(values, rows) for name, values in arrays.items()}

@@ -283,21 +283,25 @@ def decode_share(split: SplitFiles, ctx: tf.distribute.InputContext) -> dict[str
 def _in_memory_dataset(split: SplitFiles, global_batch_size: int,
                        ctx: tf.distribute.InputContext, seed: Optional[int],
                        start_step: int) -> tf.data.Dataset:
-    """`in_memory.batches` of this pipeline's decoded share, from the batch
-    ``start_step`` reaches (seeded) or from a fresh random key (unseeded)."""
+    """This pipeline's decoded share, batched by `in_memory.row_batches` from
+    the batch ``start_step`` reaches (seeded) or from batch 0 under a fresh
+    random key (unseeded)."""
     per_replica = ctx.get_per_replica_batch_size(global_batch_size)
     arrays = decode_share(split, ctx)
+    n = int(arrays[contract.LABEL_KEY].shape[0])
     first = 0
     if seed is None:
         seed = int(np.random.default_rng().integers(np.iinfo(np.int64).max))
     elif start_step:
         first = consumed_batches(start_step, ctx)
-        n = int(arrays[contract.LABEL_KEY].shape[0])
         log.info("split %r: resuming the seeded in-memory input at step %d: epoch %d "
                  "of the share, from its example %d", split.name, start_step,
                  first * per_replica // n, first * per_replica % n)
-    ds = in_memory.batches(arrays, per_replica, first, (seed, ctx.input_pipeline_id))
-    return ds.map(_train_form, num_parallel_calls=AUTOTUNE, deterministic=True)
+    rows = in_memory.row_batches(n, per_replica, first, (seed, ctx.input_pipeline_id))
+    # One map for the gather and the normalization; deterministic, so the
+    # batches keep the stream's order.
+    return rows.map(lambda r: _train_form(in_memory.gather(arrays, r)),
+                    num_parallel_calls=AUTOTUNE, deterministic=True)
 
 
 def _streaming_dataset(split: SplitFiles, global_batch_size: int,
