@@ -166,6 +166,9 @@ def memory_ratio(split: splits.SplitFiles, images, labels, batch: int, examples:
                  repeats: int) -> Paired:
     """Examples/s of the trainer's in-memory path (``--cache`` with a seed) ÷
     `gather_pipeline`'s, in paired windows of ``examples`` examples each."""
+    if len(labels) < batch:
+        raise SystemExit(f"the in-memory ratio at batch {batch} needs at least {batch} "
+                         f"train examples, not {len(labels)}")
     def trainer_side():
         return input_pipeline.train_dataset(split, batch, tf.distribute.InputContext(),
                                             cache=True, seed=0)

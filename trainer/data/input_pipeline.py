@@ -251,9 +251,9 @@ def _holds_in_memory(split: SplitFiles, ctx: tf.distribute.InputContext,
     else:
         origin = "as given"
     fits = in_memory.fits_in_memory(share, memory_bound)
-    log.info("split %r, input pipeline %d/%d: --cache: %d examples take %s decoded, "
+    log.info("split %r, input pipeline %d/%d: --cache: %s examples take %s decoded, "
              "%s the in-memory bound of %s (%s): %s", split.name, ctx.input_pipeline_id,
-             ctx.num_input_pipelines, share, _size(in_memory.decoded_bytes(share)),
+             ctx.num_input_pipelines, f"{share:,}", _size(in_memory.decoded_bytes(share)),
              "within" if fits else "over", _size(memory_bound), origin,
              "decoded once, each epoch a permutation" if fits else
              f"streamed from the files through a {shuffle_buffer}-record shuffle buffer")
