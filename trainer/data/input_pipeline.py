@@ -37,11 +37,11 @@ over order; shuffling follows anyway) and the in-memory key is drawn at
 random. With a seed the stream of batches is a function of (seed, pipeline
 layout): epoch ``e`` of the stream is always the same permutation. A run
 that resumes at global step ``s`` (``start_step``) continues the very
-stream an uninterrupted run would have seen: the in-memory path starts at
-the batch ``s`` steps reached (constant time: a batch is a function of its
-number), the streaming path skips the batches those steps consumed, reading
-(but not parsing) their records. Without a seed a resumed run draws a fresh
-shuffle.
+stream an uninterrupted run would have seen: the in-memory path computes
+the permutation of the epoch those steps reached and starts at their offset
+in it, reading nothing; the streaming path skips the batches those steps
+consumed, reading (but not parsing) their records. Without a seed a resumed
+run draws a fresh shuffle.
 
 Evaluation (`eval_dataset`): every example exactly once. The last,
 partial batch is padded to the full per-replica size and the padding gets
