@@ -169,13 +169,13 @@ def memory_ratio(split: splits.SplitFiles, images, labels, batch: int, examples:
     if len(labels) < batch:
         raise SystemExit(f"the in-memory ratio at batch {batch} needs at least {batch} "
                          f"train examples, not {len(labels)}")
+
     def trainer_side():
         return input_pipeline.train_dataset(split, batch, tf.distribute.InputContext(),
                                             cache=True, seed=0)
 
     batches = max(1, examples // batch)
     warm_up = max(20, batches // 10)
-
     cpu_a, cpu_b = [], []
 
     def window(build, cpu):
