@@ -2,14 +2,20 @@
 """Trainer throughput ratios, each measured within one run on this machine.
 
     python benchmarks/trainer_benchmark.py [--examples=20000] [--batch=128]
+        [--data=DIR] [--ratios=input_memory_1024,input_memory_128]
 
 1. Input: examples/s of the trainer's TFRecord pipeline (`trainer.data.input_pipeline`,
    training mode: interleave, shuffle, repeat, batch, vectorized parse,
    normalize) ÷ examples/s of the same arrays through ``from_tensor_slices``
-   with the same shuffle/batch/normalize, uncached. Bar: >= 0.9. Measured
-   twice: as read from the files every epoch (the bar), and with ``--cache``
-   (after the first epoch, records come from memory; information). Stage
+   with the same shuffle/batch/normalize, uncached. Bar: >= 0.9. Stage
    lines then show where the TFRecord side spends its time.
+   In memory (``--cache``): examples/s of the trainer's in-memory path
+   (`trainer.data.in_memory`: the share decoded once, each epoch a seeded
+   permutation, batches gathered and normalized) ÷ examples/s of the plain
+   in-memory gather pipeline (the same uint8 arrays, each epoch
+   ``tf.random.shuffle`` of the indices, ``tf.gather`` and normalize), at
+   batch 1024 and at 128 whatever ``--batch`` is. Bar: >= 0.9 each. The
+   decode happens when the pipeline is built, outside the timed window.
    The parse's checks (every label a class, every image 28x28:
    `trainer.data.input_pipeline.decode_batch`): examples/s of the checked
    parse ÷ the same parse unchecked, on batches in memory. Bar: >= 0.8
@@ -64,7 +70,9 @@ from trainer.data import input_pipeline, splits  # noqa: E402
 from trainer.loop import custom_loop, keras_loop  # noqa: E402
 from trainer.model import models as model_lib  # noqa: E402
 
-BARS = {"input": 0.9, "parse_checks": 0.8, "keras_linear": 1.5}
+BARS = {"input": 0.9, "input_memory_1024": 0.9, "input_memory_128": 0.9,
+        "parse_checks": 0.8, "keras_linear": 1.5}
+MEMORY_BATCHES = (1024, 128)  # the batch sizes of the in-memory ratios
 
 
 def rate(fn, units: int) -> float:
@@ -79,6 +87,9 @@ class Paired:
 
     a: tuple[float, ...]
     b: tuple[float, ...]
+    # Process CPU microseconds per unit of each window, where measured.
+    cpu_a: tuple[float, ...] = ()
+    cpu_b: tuple[float, ...] = ()
 
     @property
     def ratios(self) -> list[float]:
@@ -106,7 +117,7 @@ def paired(repeats: int, a, b) -> Paired:
 
 
 def input_ratio(split: splits.SplitFiles, images, labels, batch: int, batches: int,
-                repeats: int, cache: bool = False) -> Paired:
+                repeats: int) -> Paired:
     """Examples/s of the trainer's input ÷ ``from_tensor_slices``, in paired windows.
 
     Each window has its pipeline alone: a fresh iterator, a warm-up that
@@ -116,7 +127,7 @@ def input_ratio(split: splits.SplitFiles, images, labels, batch: int, batches: i
     """
     def records():
         return input_pipeline.train_dataset(split, batch, tf.distribute.InputContext(),
-                                  shuffle_buffer=10_000, cache=cache)
+                                            shuffle_buffer=10_000)
 
     def normalize(x, y):
         return tf.cast(x, tf.float32) / 255.0, y
@@ -126,24 +137,70 @@ def input_ratio(split: splits.SplitFiles, images, labels, batch: int, batches: i
                 .shuffle(10_000).repeat().batch(batch, drop_remainder=True)
                 .map(normalize, num_parallel_calls=tf.data.AUTOTUNE))
 
-    warm_up = 10_000 // batch + 50 + (len(images) // batch if cache else 0)
+    warm_up = 10_000 // batch + 50
 
     def window(build):
         return lambda: timed_window(build, warm_up, batches, batch)
     return paired(repeats, window(records), window(arrays))
 
 
-def timed_window(build, warm_up: int, batches: int, batch: int) -> float:
+def gather_pipeline(images, labels, batch: int) -> tf.data.Dataset:
+    """The plain in-memory pipeline: uint8 arrays, each epoch a shuffle of the
+    indices cut into batches (the epoch's remainder dropped), gathered and
+    normalized."""
+    images, labels = tf.constant(images), tf.constant(labels)
+    n = int(labels.shape[0])
+
+    def epoch(_):
+        order = tf.random.shuffle(tf.range(n, dtype=tf.int64))
+        return tf.data.Dataset.from_tensor_slices(
+            tf.reshape(order[:n // batch * batch], [-1, batch]))
+
+    def gather(rows):
+        return tf.cast(tf.gather(images, rows), tf.float32) / 255.0, tf.gather(labels, rows)
+    return (tf.data.Dataset.range(2**62).flat_map(epoch)
+            .map(gather, num_parallel_calls=tf.data.AUTOTUNE))
+
+
+def memory_ratio(split: splits.SplitFiles, images, labels, batch: int, examples: int,
+                 repeats: int) -> Paired:
+    """Examples/s of the trainer's in-memory path (``--cache`` with a seed) ÷
+    `gather_pipeline`'s, in paired windows of ``examples`` examples each."""
+    if len(labels) < batch:
+        raise SystemExit(f"the in-memory ratio at batch {batch} needs at least {batch} "
+                         f"train examples, not {len(labels)}")
+
+    def trainer_side():
+        return input_pipeline.train_dataset(split, batch, tf.distribute.InputContext(),
+                                            cache=True, seed=0)
+
+    batches = max(1, examples // batch)
+    warm_up = max(20, batches // 10)
+    cpu_a, cpu_b = [], []
+
+    def window(build, cpu):
+        return lambda: timed_window(build, warm_up, batches, batch, cpu)
+    pair = paired(repeats, window(trainer_side, cpu_a),
+                  window(lambda: gather_pipeline(images, labels, batch), cpu_b))
+    return dataclasses.replace(pair, cpu_a=tuple(cpu_a), cpu_b=tuple(cpu_b))
+
+
+def timed_window(build, warm_up: int, batches: int, batch: int,
+                 cpu: list | None = None) -> float:
     """Examples/s of ``batches`` batches of a fresh iterator over ``build()``,
-    after ``warm_up`` batches; the iterator is deleted after."""
+    after ``warm_up`` batches; the iterator is deleted after. ``cpu``: gets
+    the process CPU microseconds per example of the window appended (the
+    pipeline's threads alone run in the process then)."""
     it = iter(build().prefetch(tf.data.AUTOTUNE))
     for _ in range(warm_up):
         next(it)
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     for _ in range(batches):
         next(it)
-    seconds = time.perf_counter() - t0
+    seconds, cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
     del it
+    if cpu is not None:
+        cpu.append(1e6 * cpu_seconds / (batches * batch))
     return batches * batch / seconds
 
 
@@ -314,28 +371,52 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=15, help="window pairs per input ratio")
     p.add_argument("--fit_repeats", type=int, default=7,
                    help="window pairs per steps_per_execution ratio")
+    p.add_argument("--memory_examples", type=int, default=300_000,
+                   help="examples per window of the in-memory ratios")
+    p.add_argument("--data", default=None,
+                   help="a pipeline output folder whose train split to use instead "
+                        "of synthetic data")
+    p.add_argument("--ratios", default=None,
+                   help="comma-separated ratio names to measure (default: all); the "
+                        "stage lines and details come with the full set only")
     return p.parse_args()
 
 
-def measure(args: argparse.Namespace, split: splits.SplitFiles, images, labels) -> dict:
-    """Every ratio: key → (pair, unit, name of a, name of b)."""
+def measurements(args: argparse.Namespace, split: splits.SplitFiles, images,
+                 labels) -> dict:
+    """Every ratio: key → (function measuring its pair, unit, name of a, name of b)."""
     b, n, r, fr, steps = args.batch, args.input_batches, args.repeats, args.fit_repeats, args.steps
-    return {
-        "input": (input_ratio(split, images, labels, b, n, r),
+    found = {
+        "input": (lambda: input_ratio(split, images, labels, b, n, r),
                   "examples/s", "TFRecord shards", "from_tensor_slices uncached"),
-        "input_cached": (input_ratio(split, images, labels, b, n, r, cache=True),
-                         "examples/s", "TFRecord shards, --cache", "from_tensor_slices"),
-        "parse_checks": (parse_check_ratio(split, b, n, r),
+        "parse_checks": (lambda: parse_check_ratio(split, b, n, r),
                          "examples/s", "parse with checks", "without"),
-        "keras": (keras_ratio(split, b, steps, fr),
+        "keras": (lambda: keras_ratio(split, b, steps, fr),
                   "steps/s", "fit (progress bar) steps_per_execution=50", "=1"),
-        "keras_quiet": (keras_ratio(split, b, steps, fr, verbose=0),
+        "keras_quiet": (lambda: keras_ratio(split, b, steps, fr, verbose=0),
                         "steps/s", "reference, fit verbose=0: spe=50", "=1"),
-        "keras_linear": (keras_ratio(split, b, steps, fr, linear_model, verbose=0),
+        "keras_linear": (lambda: keras_ratio(split, b, steps, fr, linear_model, verbose=0),
                          "steps/s", "reference, linear model: fit spe=50", "=1"),
-        "custom": (custom_ratio(split, b, steps, fr),
+        "custom": (lambda: custom_ratio(split, b, steps, fr),
                    "steps/s", "custom multi-step (50)", "single-step"),
     }
+    for size in MEMORY_BATCHES:
+        found[f"input_memory_{size}"] = (
+            lambda size=size: memory_ratio(split, images, labels, size,
+                                           args.memory_examples, r),
+            "examples/s", f"--cache in memory, batch {size}", "plain gather pipeline")
+    return found
+
+
+def measure(args: argparse.Namespace, split: splits.SplitFiles, images, labels) -> dict:
+    """The ratios ``--ratios`` names (all by default): key → (pair, unit, a, b)."""
+    found = measurements(args, split, images, labels)
+    keys = args.ratios.split(",") if args.ratios else list(found)
+    unknown = sorted(set(keys) - set(found))
+    if unknown:
+        raise SystemExit(f"--ratios: unknown {', '.join(unknown)}; known: "
+                         f"{', '.join(found)}")
+    return {key: (found[key][0](), *found[key][1:]) for key in keys}
 
 
 def report_ratios(results: dict) -> bool:
@@ -350,6 +431,9 @@ def report_ratios(results: dict) -> bool:
             passed = pair.ratio >= BARS[key]
             ok &= passed
             line += f" (bar {BARS[key]}x: {'met' if passed else 'MISSED'})"
+        if pair.cpu_a:
+            line += (f"; process CPU per example {median(pair.cpu_a):.2f} us / "
+                     f"{median(pair.cpu_b):.2f} us")
         print(line, flush=True)
     return ok
 
@@ -378,20 +462,36 @@ def report_details(results: dict, stages: dict, batch: int) -> None:
               f"dominates, as in the linear line")
 
 
+def train_split(args: argparse.Namespace, tmp: str):
+    """``(split, images, labels)``: ``--data``'s train split decoded, or
+    synthetic data written to ``tmp``."""
+    if args.data:
+        split = splits.split_files(args.data, splits.load_manifest(args.data), "train")
+        arrays = input_pipeline.decode_share(split, tf.distribute.InputContext())
+        return (split, arrays[contract.IMAGE_KEY].numpy(),
+                arrays[contract.LABEL_KEY].numpy())
+    images, labels = synthetic_data.write_dataset(
+        tmp, num_train=args.examples, num_test=10, train_shards=args.shards,
+        test_shards=1)
+    return splits.split_files(tmp, splits.load_manifest(tmp), "train"), images, labels
+
+
 def main() -> int:
     args = parse_args()
-    print(f"TensorFlow {tf.__version__}, tf-keras {keras.__version__}, "
-          f"{os.cpu_count()} CPU(s); batch {args.batch}; small model "
-          f"({model_lib.build_model('small').count_params():,} parameters)")
     with tempfile.TemporaryDirectory() as tmp:
-        images, labels = synthetic_data.write_dataset(
-            tmp, num_train=args.examples, num_test=10, train_shards=args.shards,
-            test_shards=1)
-        split = splits.split_files(tmp, splits.load_manifest(tmp), "train")
+        split, images, labels = train_split(args, tmp)
+        print(f"TensorFlow {tf.__version__}, tf-keras {keras.__version__}, "
+              f"{os.cpu_count()} CPU(s); batch {args.batch}; small model "
+              f"({model_lib.build_model('small').count_params():,} parameters); "
+              f"{split.num_examples:,} train examples in {len(split.files)} file(s) "
+              f"({args.data or 'synthetic'}); load average {os.getloadavg()[0]:.1f}")
         results = measure(args, split, images, labels)
-        stages = input_stages(split, images, args.batch, args.input_batches, args.repeats)
+        stages = (None if args.ratios else
+                  input_stages(split, images, args.batch, args.input_batches, args.repeats))
     ok = report_ratios(results)
-    report_details(results, stages, args.batch)
+    if stages is not None:
+        report_details(results, stages, args.batch)
+    print(f"load average at the end {os.getloadavg()[0]:.1f}")
     return 0 if ok else 1
 
 

@@ -7,8 +7,9 @@ Checks what only several workers exercise:
   the same path a TPU Pod takes per host): over one epoch the two workers'
   ``index`` values are disjoint and together are the whole split, both with
   4 train shards (sharded by file) and with 1 shard (too few for 2 hosts:
-  sharded by record, with a warning), and the padded evaluation stream
-  covers the test split exactly once between them;
+  sharded by record, with a warning), read from the files and held in
+  memory (``--cache``: each worker decodes its own share), and the padded
+  evaluation stream covers the test split exactly once between them;
 * a training run with both loops: exact evaluation across workers, and only
   the chief writes checkpoints and summaries into model_dir (its log says
   so, every TensorBoard event file carries the chief's process id, and the
@@ -64,14 +65,19 @@ INSPECT = textwrap.dedent(r'''
             return build(ctx)
         # Global batch 2 on 2 replicas: one example per step per worker, so
         # one epoch of this worker's pipeline is exactly its share of steps.
-        dist = strategy.distribute_datasets_from_function(
-            lambda c: dataset_fn(c, lambda ctx: input_pipeline.train_dataset(files, 2, ctx)))
         share = input_pipeline.pipeline_example_counts(files.counts, 2)
-        it = iter(dist)
-        seen = []
-        for _ in range(max(share)):
-            for local in strategy.experimental_local_results(next(it)):
-                seen.extend(local[contract.INDEX_KEY].numpy().tolist())
+
+        def one_epoch(**options):
+            dist = strategy.distribute_datasets_from_function(lambda c: dataset_fn(
+                c, lambda ctx: input_pipeline.train_dataset(files, 2, ctx, **options)))
+            it, seen = iter(dist), []
+            for _ in range(max(share)):
+                for local in strategy.experimental_local_results(next(it)):
+                    seen.extend(local[contract.INDEX_KEY].numpy().tolist())
+            return seen
+        seen = one_epoch()
+        # In memory: each worker decodes its own share (`--cache`).
+        seen_cached = one_epoch(cache=True, seed=3)
         test_files = splits.split_files(name, splits.load_manifest(name), "test")
         dist = strategy.distribute_datasets_from_function(
             lambda c: dataset_fn(c, lambda ctx: input_pipeline.eval_dataset(test_files, 4, ctx)))
@@ -85,7 +91,8 @@ INSPECT = textwrap.dedent(r'''
                 w = local[input_pipeline.WEIGHT_KEY].numpy() > 0
                 seen_test.extend(local[contract.INDEX_KEY].numpy()[w].tolist())
         result[name] = {"contexts": contexts, "share": share, "train": seen,
-                        "test": seen_test, "warnings": list(warnings)}
+                        "train_cached": seen_cached, "test": seen_test,
+                        "warnings": list(warnings)}
         warnings.clear()
     print("RESULT " + json.dumps(result))
 ''')
@@ -109,18 +116,19 @@ def test_two_workers_read_disjoint_shares_that_cover_the_split(tmp_path):
     for name, n, by_file in ((many, 60, True), (one, 61, False)):
         for i, w in enumerate(workers):
             r = w[name]
-            # The strategy gave worker i pipeline i of 2, for each split.
-            assert r["contexts"] == [[2, i], [2, i]]
+            # The strategy gave worker i pipeline i of 2, for each stream.
+            assert r["contexts"] == [[2, i]] * 3
             # One epoch of each worker's own share; the longer share sets the
             # step count, so the shorter worker starts its next epoch.
-            assert len(set(r["train"][:r["share"][i]])) == r["share"][i]
             warned = [m for m in r["warnings"] if "sharding by record" in m]
             assert bool(warned) == (not by_file), r["warnings"]
-        shares = [set(w[name]["train"][:w[name]["share"][i]]) for i, w in enumerate(workers)]
-        assert not shares[0] & shares[1]  # disjoint
-        assert shares[0] | shares[1] == set(range(n))  # complete
-        if by_file:  # whole files: shard k holds the indices i with i % 4 == k
-            assert shares[0] == {i for i in range(n) if i % 4 in (0, 2)}
+        for stream in ("train", "train_cached"):
+            shares = [w[name][stream][:w[name]["share"][i]] for i, w in enumerate(workers)]
+            assert [len(set(s)) for s in shares] == workers[0][name]["share"]  # no repeats
+            assert not set(shares[0]) & set(shares[1])  # disjoint
+            assert set(shares[0]) | set(shares[1]) == set(range(n))  # complete
+            if by_file:  # whole files: shard k holds the indices i with i % 4 == k
+                assert set(shares[0]) == {i for i in range(n) if i % 4 in (0, 2)}
         tests = [w[name]["test"] for w in workers]
         assert not set(tests[0]) & set(tests[1])
         assert sorted(tests[0] + tests[1]) == list(range(13))

@@ -15,24 +15,33 @@ strategy). Batches are dicts (image, label, index, weight); a loop that
 wants another form passes a ``postprocess`` function (the Keras loop:
 ``(image, label)``), so this module knows nothing of Keras.
 
-Training (`train_dataset`): shard *files* across
+Training (`train_dataset`) takes one of two paths; the log names the one
+taken by each pipeline. With ``--cache`` and a share that fits the memory
+bound (`trainer.data.in_memory.fits_in_memory`), the pipeline decodes its
+share once (`decode_share`) and draws every batch from the decoded arrays,
+each epoch a full permutation keyed by the seed and the epoch
+(`trainer.data.in_memory`). Otherwise it streams: shard *files* across
 pipelines when there are at least as many files as pipelines (no pipeline
 reads bytes another one discards); otherwise read everything in a fixed
 order and keep every n-th record (a logged warning: each pipeline then reads
-all the data). Files are read in parallel, each reader passing on blocks of
-records; records are then optionally cached, shuffled, repeated, batched
-with ``drop_remainder=True`` (TPUs need static shapes) and only then parsed:
-one vectorized ``tf.io.parse_example`` per batch instead of one op per
-record.
+all the data; the in-memory path shares out its records the same way).
+Files are read in parallel, each reader passing on blocks of records;
+records are then shuffled through a buffer, repeated, batched with
+``drop_remainder=True`` (TPUs need static shapes) and only then parsed: one
+vectorized ``tf.io.parse_example`` per batch instead of one op per record.
+Both paths cut batches across epoch ends, so every epoch holds each example
+of the share exactly once.
 
 Order. Without a seed the file interleave is non-deterministic (throughput
-over order; shuffling follows anyway). With a seed it is deterministic, so
-the stream of batches is a function of (seed, pipeline layout): epoch ``e``
-of the stream is always the same permutation. A run that resumes at global
-step ``s`` (``start_step``) then skips the batches the first ``s`` steps
-consumed and continues the very stream an uninterrupted run would have seen.
-The skip reads (but does not parse) the skipped records; there is no random
-access into a shuffled stream.
+over order; shuffling follows anyway) and the in-memory key is drawn at
+random. With a seed the stream of batches is a function of (seed, pipeline
+layout): epoch ``e`` of the stream is always the same permutation. A run
+that resumes at global step ``s`` (``start_step``) continues the very
+stream an uninterrupted run would have seen: the in-memory path computes
+the permutation of the epoch those steps reached and starts at their offset
+in it, reading nothing; the streaming path skips the batches those steps
+consumed, reading (but not parsing) their records. Without a seed a resumed
+run draws a fresh shuffle.
 
 Evaluation (`eval_dataset`): every example exactly once. The last,
 partial batch is padded to the full per-replica size and the padding gets
@@ -57,7 +66,7 @@ import tensorflow as tf
 import mnist_contract as contract
 from mnist_contract import examples
 from trainer.config import TrainConfig
-from trainer.data import checks
+from trainer.data import checks, in_memory
 from trainer.data.splits import SplitFiles
 from trainer.errors import summarize_error
 
@@ -72,6 +81,7 @@ MAX_PARALLEL_FILES = 16
 # parallel interleave ran at ~0.55x the speed of from_tensor_slices when it
 # moved records one by one, ~0.8-1x with blocks of 256.
 RECORDS_PER_READ = 256
+DECODE_BLOCK = 4096  # records per parse when a share is decoded into memory
 
 
 def shards_files(num_files: int, num_pipelines: int) -> bool:
@@ -135,9 +145,9 @@ def decode_batch(serialized: tf.Tensor, image_format: str,
             contract.LABEL_KEY: labels, contract.INDEX_KEY: feats[contract.INDEX_KEY]}
 
 
-def _parse_batch(serialized: tf.Tensor, image_format: str) -> dict[str, tf.Tensor]:
-    """`decode_batch`, images normalized to [0, 1] and every row weighted 1."""
-    batch = decode_batch(serialized, image_format)
+def _train_form(batch: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    """A decoded batch as the loops take it: images normalized to [0, 1],
+    every row weighted 1."""
     labels = batch[contract.LABEL_KEY]
     return {
         contract.IMAGE_KEY: tf.cast(batch[contract.IMAGE_KEY], tf.float32) / 255.0,
@@ -145,6 +155,11 @@ def _parse_batch(serialized: tf.Tensor, image_format: str) -> dict[str, tf.Tenso
         contract.INDEX_KEY: batch[contract.INDEX_KEY],
         WEIGHT_KEY: tf.ones_like(labels, tf.float32),
     }
+
+
+def _parse_batch(serialized: tf.Tensor, image_format: str) -> dict[str, tf.Tensor]:
+    """`decode_batch` in `_train_form`."""
+    return _train_form(decode_batch(serialized, image_format))
 
 
 def _pad_batch(batch: dict[str, tf.Tensor], size: int) -> dict[str, tf.Tensor]:
@@ -199,25 +214,108 @@ def _records(split: SplitFiles, ctx: tf.distribute.InputContext, training: bool,
     return ds
 
 
+def consumed_batches(start_step: int, ctx: tf.distribute.InputContext) -> int:
+    """Batches this pipeline handed out in ``start_step`` global steps: each
+    step takes one per replica the pipeline serves."""
+    return start_step * (ctx.num_replicas_in_sync // ctx.num_input_pipelines)
+
+
 def train_dataset(split: SplitFiles, global_batch_size: int,
                   ctx: tf.distribute.InputContext, *, cache: bool = False,
                   shuffle_buffer: int = 10_000, seed: Optional[int] = None,
-                  start_step: int = 0) -> tf.data.Dataset:
-    """One pipeline's endless stream of shuffled, parsed per-replica batches (dicts).
+                  start_step: int = 0, memory_bound: Optional[int] = None
+                  ) -> tf.data.Dataset:
+    """One pipeline's endless stream of shuffled, normalized per-replica batches (dicts).
 
     ``start_step``: global steps already trained; with a seed the stream
-    continues after the batches they consumed.
+    continues after the batches they consumed. ``cache``: hold this
+    pipeline's share decoded in memory (`trainer.data.in_memory`) when it
+    fits ``memory_bound`` bytes (by default `in_memory.memory_bound` of this
+    host's memory), else stream it from the files; the log says which.
     """
-    replicas = ctx.num_replicas_in_sync
+    if cache and _holds_in_memory(split, ctx, memory_bound, shuffle_buffer):
+        return _in_memory_dataset(split, global_batch_size, ctx, seed, start_step)
+    return _streaming_dataset(split, global_batch_size, ctx, shuffle_buffer, seed,
+                              start_step)
+
+
+def _holds_in_memory(split: SplitFiles, ctx: tf.distribute.InputContext,
+                     memory_bound: Optional[int], shuffle_buffer: int) -> bool:
+    """Whether this pipeline's share fits the bound; one log line either way."""
+    share = pipeline_example_counts(split.counts, ctx.num_input_pipelines)[
+        ctx.input_pipeline_id]
+    if memory_bound is None:
+        host = in_memory.host_memory_bytes()
+        memory_bound = in_memory.memory_bound(host)
+        origin = f"{in_memory.MEMORY_FRACTION:g} of this host's {_size(host)}"
+    else:
+        origin = "as given"
+    fits = in_memory.fits_in_memory(share, memory_bound)
+    log.info("split %r, input pipeline %d/%d: --cache: %s examples take %s decoded, "
+             "%s the in-memory bound of %s (%s): %s", split.name, ctx.input_pipeline_id,
+             ctx.num_input_pipelines, f"{share:,}", _size(in_memory.decoded_bytes(share)),
+             "within" if fits else "over", _size(memory_bound), origin,
+             "decoded once, each epoch a permutation" if fits else
+             f"streamed from the files through a {shuffle_buffer}-record shuffle buffer")
+    return fits
+
+
+def _size(num_bytes: int) -> str:
+    return f"{num_bytes / 1e6:,.1f} MB"
+
+
+def decode_share(split: SplitFiles, ctx: tf.distribute.InputContext) -> dict[str, tf.Tensor]:
+    """This pipeline's share of ``split``, decoded and checked: uint8 images,
+    labels and indices, rows in the (deterministic) order of `_records`.
+
+    Runs eagerly, once per stream, on the device ``dataset_fn`` runs under
+    (the host's CPU); a bad record raises here, before training starts.
+    """
+    fmt = split.image_format
+    parts = list(_records(split, ctx, training=False, seed=None)
+                 .batch(DECODE_BLOCK)
+                 .map(lambda s: decode_batch(s, fmt), num_parallel_calls=AUTOTUNE,
+                      deterministic=True))
+    return {key: tf.concat([part[key] for part in parts], axis=0)
+            for key in (contract.IMAGE_KEY, contract.LABEL_KEY, contract.INDEX_KEY)}
+
+
+def _in_memory_dataset(split: SplitFiles, global_batch_size: int,
+                       ctx: tf.distribute.InputContext, seed: Optional[int],
+                       start_step: int) -> tf.data.Dataset:
+    """This pipeline's decoded share, batched by `in_memory.row_batches` from
+    the batch ``start_step`` reaches (seeded) or from batch 0 under a fresh
+    random key (unseeded)."""
+    per_replica = ctx.get_per_replica_batch_size(global_batch_size)
+    arrays = decode_share(split, ctx)
+    n = int(arrays[contract.LABEL_KEY].shape[0])
+    first = 0
+    if seed is None:
+        seed = int(np.random.default_rng().integers(np.iinfo(np.int64).max))
+    elif start_step:
+        first = consumed_batches(start_step, ctx)
+        log.info("split %r: resuming the seeded in-memory input at step %d: epoch %d "
+                 "of the share, from its example %d", split.name, start_step,
+                 first * per_replica // n, first * per_replica % n)
+    rows = in_memory.row_batches(n, per_replica, first, (seed, ctx.input_pipeline_id))
+    # One map for the gather and the normalization; deterministic, so the
+    # batches keep the stream's order.
+    return rows.map(lambda r: _train_form(in_memory.gather(arrays, r)),
+                    num_parallel_calls=AUTOTUNE, deterministic=True)
+
+
+def _streaming_dataset(split: SplitFiles, global_batch_size: int,
+                       ctx: tf.distribute.InputContext, shuffle_buffer: int,
+                       seed: Optional[int], start_step: int) -> tf.data.Dataset:
+    """Records read from the files every epoch, shuffled through a buffer,
+    batched, then parsed; a seeded resume skips (reads, does not parse) the
+    records the first ``start_step`` steps consumed."""
     per_replica = ctx.get_per_replica_batch_size(global_batch_size)
     ds = _records(split, ctx, training=True, seed=seed)
-    if cache:
-        ds = ds.cache()  # serialized records: 4x smaller than float images
     ds = ds.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
     ds = ds.repeat().batch(per_replica, drop_remainder=True)
     if start_step and seed is not None:
-        # Each global step took one batch per replica of this pipeline.
-        consumed = start_step * (replicas // ctx.num_input_pipelines)
+        consumed = consumed_batches(start_step, ctx)
         log.info("split %r: resuming the seeded input at step %d (skipping %d "
                  "batches of %d)", split.name, start_step, consumed, per_replica)
         ds = ds.skip(consumed)
