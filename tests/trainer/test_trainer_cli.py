@@ -231,7 +231,7 @@ def test_every_field_is_a_flag_and_help_shows_its_default(capsys):
         assert f"--{f.name}" in text
     assert "(default: 128)" in text and "(default: keras)" in text
     assert "(default: train examples // global batch size)" in text
-    assert ("Presets: smoke: the defaults shown; cpu: model=convnet, augment=true, "
+    assert ("Presets: smoke: the defaults shown; cpu: model=convnet_bn, augment=true, "
             "learning_rate=0.002, lr_schedule=cosine, warmup_steps=31, epochs=20, "
             "global_batch_size=128; tpu: model=convnet, augment=true, "
             "learning_rate=0.0057, lr_schedule=cosine, warmup_steps=4, epochs=20, "
@@ -247,7 +247,7 @@ def test_presets_and_explicit_flags_override_them():
     assert smoke == TrainConfig(data="d", model_dir="m", preset="smoke")
     cpu = cli.parse_flags(base + ["--preset=cpu", "--epochs=5"])
     assert (cpu.model, cpu.augment, cpu.learning_rate, cpu.lr_schedule, cpu.warmup_steps,
-            cpu.epochs, cpu.preset) == ("convnet", True, 2e-3, "cosine", 31, 5, "cpu")
+            cpu.epochs, cpu.preset) == ("convnet_bn", True, 2e-3, "cosine", 31, 5, "cpu")
     tpu = cli.parse_flags(base + ["--preset=tpu"])
     assert (tpu.model, tpu.augment, tpu.lr_schedule, tpu.global_batch_size,
             tpu.mixed_precision, tpu.steps_per_execution, tpu.cache) == (

@@ -1,5 +1,6 @@
-"""Resuming is bit-identical for the recipe's model too: the cpu preset's
-convnet (dropout, augmentation), stopped after one epoch and resumed, ends
+"""Resuming is bit-identical for the recipes' models too: the tpu preset's
+convnet and the cpu preset's convnet_bn (dropout, augmentation, batch
+normalization), stopped after one epoch and resumed, end
 with the weights and optimizer state of an uninterrupted run, in both loops.
 
 Dropout draws its masks from the step (`trainer.model.dropout`), the
@@ -15,7 +16,7 @@ import pytest
 from tests.trainer.trainer_runs import final_variables, run
 from tests.trainer_data import read_metrics
 
-# The cpu preset's model and augmentation; a constant rate, so that --epochs may grow.
+# The presets' augmentation; a constant rate, so that --epochs may grow.
 RECIPE = ("--augment", "--seed=1", "--lr_schedule=constant", "--steps_per_execution=2")
 
 

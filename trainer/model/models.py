@@ -98,10 +98,17 @@ def _convnet_layers(step: Optional[Callable[[], tf.Tensor]]) -> list[keras.layer
 
 def _convnet_bn_layers(step: Optional[Callable[[], tf.Tensor]]) -> list[keras.layers.Layer]:
     """Two pairs of 3x3 convs (32, 64) with batch normalization, each pair
-    pooled, then a dense layer of 128 before the classifier."""
+    pooled, then a dense layer of 128 before the classifier.
+
+    The moving statistics' momentum is 0.9, not Keras' 0.99: with 0.99 they
+    still carry ~40% of their initial values after 93 steps, and a 3-epoch
+    run of the cpu preset on 4,000 digits evaluated at 0.10 (0.95 with 0.9);
+    at batch 1024 (48 steps an epoch) evaluations stayed near 0.10 for the
+    first 7 epochs while training accuracy was above 0.97.
+    """
     def conv(filters):
         return [keras.layers.Conv2D(filters, 3, use_bias=False),
-                keras.layers.BatchNormalization(), keras.layers.ReLU()]
+                keras.layers.BatchNormalization(momentum=0.9), keras.layers.ReLU()]
     return [
         *conv(32), *conv(32), keras.layers.MaxPooling2D(),
         *conv(64), *conv(64), keras.layers.MaxPooling2D(),
