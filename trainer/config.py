@@ -65,8 +65,6 @@ class TrainConfig:
     steps_per_execution: int = _field(50, "training steps per tf.function call "
                                           "(both loops; 1: one step per call)")
     learning_rate: float = _field(1e-3, "Adam's (peak) learning rate")
-    optimizer: str = _field("adam", "adam, or lamb (Adam with per-layer trust ratios)",
-                            choices=("adam", "lamb"))
     lr_schedule: str = _field("constant", "learning rate after warm-up: constant "
                                           "or cosine decay to 0", choices=SCHEDULES)
     warmup_steps: int = _field(0, "linear warm-up from 0 over this many steps")

@@ -6,38 +6,17 @@ constant rate or a cosine decay to 0 at the last step.
 from __future__ import annotations
 
 import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
-import tensorflow as tf
 import tf_keras as keras
 
 from trainer.errors import TrainerError
 from trainer.names import SCHEDULES
 
 
-class Lamb(keras.optimizers.Adam):
-    """LAMB (You et al. 2019, arXiv:1904.00962) without weight decay: Adam's
-    bias-corrected update, rescaled per variable by ||w|| / ||update|| (1 when
-    either norm is 0), so every layer moves by the same fraction of its norm."""
-
-    def update_step(self, gradient, variable):
-        lr = tf.cast(self.learning_rate, variable.dtype)
-        local_step = tf.cast(self.iterations + 1, variable.dtype)
-        beta_1_power = tf.pow(tf.cast(self.beta_1, variable.dtype), local_step)
-        beta_2_power = tf.pow(tf.cast(self.beta_2, variable.dtype), local_step)
-        index = self._index_dict[self._var_key(variable)]
-        m, v = self._momentums[index], self._velocities[index]
-        m.assign_add((gradient - m) * (1 - self.beta_1))
-        v.assign_add((tf.square(gradient) - v) * (1 - self.beta_2))
-        update = (m / (1 - beta_1_power)) / (tf.sqrt(v / (1 - beta_2_power)) + self.epsilon)
-        w_norm, u_norm = tf.norm(variable), tf.norm(update)
-        ratio = tf.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, 1.0)
-        variable.assign_sub(ratio * lr * update)
-
-
 def make_optimizer(learning_rate: float, schedule: str, total_steps: int,
-                   warmup_steps: int, name: str = "adam") -> keras.optimizers.Optimizer:
-    """Adam (or `Lamb`) with the learning rate of `learning_rate_schedule`."""
-    kind = Lamb if name == "lamb" else keras.optimizers.Adam
-    return kind(learning_rate_schedule(learning_rate, schedule, total_steps, warmup_steps))
+                   warmup_steps: int) -> keras.optimizers.Optimizer:
+    """Adam with the learning rate of `learning_rate_schedule`."""
+    return keras.optimizers.Adam(
+        learning_rate_schedule(learning_rate, schedule, total_steps, warmup_steps))
 
 
 def learning_rate_schedule(learning_rate: float, schedule: str, total_steps: int,
