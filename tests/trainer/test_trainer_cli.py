@@ -336,7 +336,7 @@ def test_bad_flags_are_usage_errors(argv, message, capsys):
     (dict(global_batch_size=0), "--global_batch_size must be >= 1, not 0"),
     (dict(learning_rate=float("nan")), "--learning_rate must be a positive number"),
     (dict(warmup_steps=-1), "--warmup_steps must be >= 0, not -1"),
-    (dict(model="huge"), "--model must be one of guide, small, convnet, not 'huge'"),
+    (dict(model="huge"), "--model must be one of guide, small, convnet, convnet_bn, not 'huge'"),
     (dict(mixed_precision="fp16"), "--mixed_precision must be one of none, bfloat16"),
 ])
 def test_config_checks_once_on_creation(kwargs, message):
