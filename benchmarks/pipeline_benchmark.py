@@ -17,8 +17,10 @@
    MNIST size, <= 1.3x at 10x. Beside them, the physical floor of the same
    input and output, measured in this process after each job run: gunzip
    of the IDX files, writing the job's shard bytes in large blocks, sha256
-   and crc32c over those bytes; the job's wall and CPU time are printed as
-   multiples of their sum (goals at 10x: 2.0x and 2.5x). With ``--py_spy``
+   and crc32c over those bytes, each step's wall and CPU time; the job's
+   wall time is printed as a multiple of the steps' wall-time sum and its
+   CPU time as one of their CPU-time sum (goals at 10x: 2.0x and 2.5x; the
+   CPU sums hold still when other processes load the machine). With ``--py_spy``
    each job runs once more under that sampling profiler, and the CPU time
    is split by stage (`job_stages`).
 2. Scale: ``synthetic`` data of about ``--scale_gb`` (and of half that, to show
@@ -85,11 +87,10 @@ class Measured:
         return self.user + self.sys
 
 
-def run_measured(cmd: list[str]) -> Measured:
-    """Wall time, CPU time and peak RSS of one child process."""
-    result = subprocess.run([sys.executable, "-c", _MEASURE, *cmd], cwd=REPO,
-                            capture_output=True, text=True,
-                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+def run_measured(cmd: list[str], tree: Path = REPO) -> Measured:
+    """Wall time, CPU time and peak RSS of one child process, run in ``tree``."""
+    result = subprocess.run([sys.executable, "-c", _MEASURE, *cmd], cwd=tree,
+                            capture_output=True, text=True, env=child_env(tree))
     wall, maxrss, user, system, code = result.stdout.split()
     if int(code) != 0:
         raise RuntimeError(f"{cmd} failed:\n{result.stderr[-3000:]}")
@@ -133,14 +134,16 @@ def write_idx(folder: Path, factor: int, images: np.ndarray, labels: np.ndarray,
             gzip.compress(idx.encode_idx(labels[take].astype(np.uint8))))
 
 
-def _timed(step) -> float:
-    start = time.perf_counter()
+def _timed(step) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process) of ``step()``."""
+    start, cpu = time.perf_counter(), time.process_time()
     step()
-    return time.perf_counter() - start
+    return time.perf_counter() - start, time.process_time() - cpu
 
 
-def floor_seconds(data: Path, shards: list[Path], scratch: Path) -> dict[str, float]:
-    """Seconds of the work no converter of this input into these shards can skip.
+def floor_seconds(data: Path, shards: list[Path], scratch: Path
+                  ) -> dict[str, tuple[float, float]]:
+    """(wall, CPU) seconds of the work no converter of this input into these shards can skip.
 
     Inputs and output are read into memory first (untimed), so each step is
     measured alone: gunzip of every IDX file, writing the shards' bytes into
@@ -173,6 +176,11 @@ def floor_seconds(data: Path, shards: list[Path], scratch: Path) -> dict[str, fl
     return seconds
 
 
+def child_env(tree: Path) -> dict[str, str]:
+    """The environment of a child run from the checkout ``tree``."""
+    return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(tree)}
+
+
 def job_command(data: Path, output: Path) -> list[str]:
     return [sys.executable, "-m", "pipeline", f"--source={data}", f"--output={output}",
             "--runner=DirectRunner", "--overwrite"]
@@ -195,7 +203,7 @@ def profile_stages(py_spy: str, data: Path, output: Path, cpu: float) -> dict[st
     subprocess.run([py_spy, "record", "--threads", "--subprocesses", "--rate", "100",
                     "--format", "raw", "--output", str(raw), "--",
                     *job_command(data, output)], cwd=REPO, check=True,
-                   capture_output=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+                   capture_output=True, env=child_env(REPO))
     samples = job_stages.stage_samples(raw.read_text().splitlines())
     raw.unlink()
     return job_stages.stage_seconds(samples, cpu)
@@ -210,7 +218,7 @@ def print_breakdown(runs: list[dict[str, float]]) -> None:
 
 
 def compare(work: Path, factor: int, bar: float, repeats: int, digits,
-            py_spy: str | None) -> None:
+            py_spy: str | None, baseline: Path | None) -> None:
     """Plain script and job on the same IDX files, alternating, ``repeats`` times."""
     data = work / f"idx-{factor}x"
     data.mkdir()
@@ -231,16 +239,25 @@ def compare(work: Path, factor: int, bar: float, repeats: int, digits,
               f"RSS {job.rss_mib:6.0f} MiB, {shards:.0f} MB of shards | "
               f"job/plain {job.wall / plain.wall:4.2f}x time, "
               f"{job.rss_mib / plain.rss_mib:4.2f}x memory")
+        if baseline:
+            old = run_measured(job_command(data, work / "baseline"), baseline)
+            same = all((work / "baseline" / f.name).read_bytes() == f.read_bytes()
+                       for f in (work / "beam").glob("mnist-*"))
+            print(f"         job of {baseline}: {old.wall:.1f} s, CPU {old.cpu:.2f} s, "
+                  f"RSS {old.rss_mib:.0f} MiB | this/that {job.wall / old.wall:.2f}x wall, "
+                  f"{job.cpu / old.cpu:.2f}x CPU | shards byte-identical: {same}")
+            subprocess.run(["rm", "-rf", str(work / "baseline")], check=True)
         floor = floor_seconds(data, sorted((work / "beam").glob("mnist-*")),
                               work / "floor.bin")
-        serial = sum(floor.values())
+        serial = sum(wall for wall, _ in floor.values())
+        serial_cpu = sum(cpu for _, cpu in floor.values())
         floor_ratios.append(job.wall / serial)
-        cpu_ratios.append(job.cpu / serial)
-        print("         floor: " + ", ".join(f"{k} {v:.2f} s" for k, v in floor.items())
+        cpu_ratios.append(job.cpu / serial_cpu)
+        print("         floor: " + ", ".join(f"{k} {v:.2f} s" for k, (v, _) in floor.items())
               + f" = {serial:.2f} s | job/floor {floor_ratios[-1]:.2f}x")
         print(f"         job CPU: user {job.user:.2f} s + sys {job.sys:.2f} s = "
-              f"{job.cpu:.2f} s | job CPU/floor {cpu_ratios[-1]:.2f}x | "
-              f"load {os.getloadavg()[0]:.1f}")
+              f"{job.cpu:.2f} s | floor CPU {serial_cpu:.2f} s | job CPU/floor CPU "
+              f"{cpu_ratios[-1]:.2f}x | load {os.getloadavg()[0]:.1f}")
         if py_spy:
             stages.append(profile_stages(py_spy, data, work / "beam", job.cpu))
         subprocess.run(["rm", "-rf", str(work / "plain"), str(work / "beam")], check=True)
@@ -249,7 +266,7 @@ def compare(work: Path, factor: int, bar: float, repeats: int, digits,
           f"{'met' if median <= bar else 'MISSED'}), best {min(ratios):.2f}x, "
           f"worst {max(ratios):.2f}x")
     for name, values, goal in (("job/floor time", floor_ratios, WALL_GOAL),
-                               ("job CPU/floor", cpu_ratios, CPU_GOAL)):
+                               ("job CPU/floor CPU", cpu_ratios, CPU_GOAL)):
         print(f"  {name} ratio: median {statistics.median(values):.2f}x "
               f"(goal at 10x <= {goal}x), best {min(values):.2f}x, worst {max(values):.2f}x")
     if stages:
@@ -286,6 +303,9 @@ def main() -> None:
     parser.add_argument("--py_spy", default=None,
                         help="py-spy executable: profile each job run once more and "
                              "print its CPU by stage")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="another checkout of this project: its job runs after each "
+                             "job run too (A/B in one invocation; output compared)")
     args = parser.parse_args()
     bars = {1: 1.5, 10: 1.3}
     digits = load_digits(args.mnist_dir)
@@ -297,7 +317,8 @@ def main() -> None:
               f"{fixed.user:.2f} s + sys {fixed.sys:.2f} s, RSS {fixed.rss_mib:.0f} MiB "
               f"| load {os.getloadavg()[0]:.1f}")
         for factor in map(int, args.factors.split(",")):
-            compare(work, factor, bars.get(factor, 1.3), args.repeats, digits, args.py_spy)
+            compare(work, factor, bars.get(factor, 1.3), args.repeats, digits, args.py_spy,
+                    args.baseline)
         if not args.skip_scale:
             scale(work, args.scale_gb)
 

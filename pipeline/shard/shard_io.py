@@ -155,20 +155,24 @@ class SpillFile:
                           self.index_offset)
 
 
-def write_spill(path: str, buckets: np.ndarray, keys: np.ndarray,
-                framed: list[bytes]) -> SpillFile:
-    """Writes one key-sorted spill file of framed records, and its footer."""
-    order = key_order(keys)
-    key_bytes = keys[order].tobytes()
-    ordered = [framed[i] for i in order.tolist()]
-    lengths = np.fromiter(map(len, ordered), np.int64, len(ordered))
+def write_spill(path: str, buckets: np.ndarray, keys: np.ndarray, data: bytes,
+                lengths: np.ndarray) -> SpillFile:
+    """Writes one spill file: framed records already in key order, then its footer.
+
+    ``buckets`` [n] and ``keys`` [n, 16] are the records' in the same order,
+    ``data`` the records back to back and ``lengths`` [n] each one's bytes.
+    """
+    lengths = np.asarray(lengths, np.int64)
+    if len(keys) > 1 and np.any(np.diff(key_order(keys)) != 1):
+        raise ValueError(f"{path}: records not in key order")
+    key_bytes = np.ascontiguousarray(keys).tobytes()
     length_bytes = lengths.astype("<u4").tobytes()
-    data = b"".join(ordered)
-    del ordered
-    storage.write_bytes(path, data + key_bytes + length_bytes)
+    with storage.open_write(path) as f:
+        for part in (data, key_bytes, length_bytes):
+            f.write(part)
     ends = np.cumsum(lengths)
-    ids, first = np.unique(buckets[order], return_index=True)
-    bounds = np.r_[first, len(order)].astype(np.int64)
+    ids, first = np.unique(buckets, return_index=True)
+    bounds = np.r_[first, len(lengths)].astype(np.int64)
     offsets = np.r_[0, ends][bounds].tolist()
     at = bounds.tolist()
     crcs, index_crcs = [], []
@@ -177,8 +181,9 @@ def write_spill(path: str, buckets: np.ndarray, keys: np.ndarray,
         index_crcs.append(google_crc32c.extend(
             google_crc32c.value(key_bytes[at[i] * KEY_BYTES:at[i + 1] * KEY_BYTES]),
             length_bytes[at[i] * 4:at[i + 1] * 4]))
-    return SpillFile(path, len(order), len(data), ids, bounds, np.array(offsets[1:], np.int64),
-                     np.array(crcs, np.int64), np.array(index_crcs, np.int64))
+    return SpillFile(path, len(lengths), len(data), ids, bounds,
+                     np.array(offsets[1:], np.int64), np.array(crcs, np.int64),
+                     np.array(index_crcs, np.int64))
 
 
 class _RangeReader:
@@ -216,6 +221,26 @@ class _RangeReader:
         return data
 
 
+def _gather(buffers: dict[int, bytes], src: np.ndarray, offsets: np.ndarray,
+            sizes: np.ndarray) -> bytes:
+    """The records ``(buffers[src[i]], offsets[i], sizes[i])``, joined in that order.
+
+    Records of one size (the usual case: a shard's raw records differ only
+    when an index's varint does) are moved by numpy as fixed-width rows;
+    others are sliced one by one.
+    """
+    width = int(sizes[0])
+    if np.all(sizes == width) and all(len(b) % width == 0 for b in buffers.values()):
+        names = sorted(buffers)
+        first_row = np.zeros(max(names) + 1, np.int64)
+        first_row[names] = np.cumsum([0] + [len(buffers[r]) // width for r in names[:-1]])
+        rows = np.frombuffer(b"".join(buffers[r] for r in names), np.dtype((np.void, width)))
+        return rows[first_row[src] + offsets // width].tobytes()
+    views = {r: memoryview(data) for r, data in buffers.items()}
+    return b"".join([views[r][a:a + n] for r, a, n in
+                     zip(src.tolist(), offsets.tolist(), sizes.tolist())])
+
+
 def merge_spill_ranges(ranges: Sequence[SpillRange], memory_bytes: int
                        ) -> Iterator[tuple[bytes, int]]:
     """Yields (framed records, count) blocks of the key-order merge of ``ranges``.
@@ -236,7 +261,8 @@ def merge_spill_ranges(ranges: Sequence[SpillRange], memory_bytes: int
         ends = np.concatenate([r.ends for r in readers])
         starts = np.concatenate([np.r_[r.start, r.ends[:-1]] for r in readers])
         order = key_order(keys)
-        sizes = (ends - starts)[order]
+        sizes_of = ends - starts
+        sizes = sizes_of[order]
         cuts = np.searchsorted(np.cumsum(sizes), np.arange(memory_bytes, sizes.sum(),
                                                             memory_bytes), side="right")
         for block in np.split(order, cuts):
@@ -246,9 +272,6 @@ def merge_spill_ranges(ranges: Sequence[SpillRange], memory_bytes: int
             last = np.full(len(ranges), -1, np.int64)
             np.maximum.at(last, src, block)
             base = np.fromiter((reader.offset for reader in readers), np.int64, len(readers))
-            buffers = {r: memoryview(readers[r].read(int(ends[last[r]])))
+            buffers = {r: readers[r].read(int(ends[last[r]]))
                        for r in np.flatnonzero(last >= 0).tolist()}
-            lo = (starts[block] - base[src]).tolist()
-            hi = (ends[block] - base[src]).tolist()
-            yield b"".join([buffers[r][a:b] for r, a, b in zip(src.tolist(), lo, hi)]), \
-                len(block)
+            yield _gather(buffers, src, starts[block] - base[src], sizes_of[block]), len(block)

@@ -53,7 +53,7 @@ from mnist_contract.sizes import FRAMING_BYTES
 
 from pipeline import stop, storage
 from pipeline.shard import sharding
-from pipeline.shard.batches import encode_batch, group_by_bucket
+from pipeline.shard.batches import encode_batch, group_by_bucket, spill_batch
 from pipeline.shard.config import SHARDS, SPILL_DIR
 from pipeline.shard.overlap import InOrder, prefetched
 from pipeline.shard.shard_io import (ShardFileWriter, SpillFile, SpillRange,
@@ -186,18 +186,25 @@ class EncodeByBucket(beam.PTransform):
 
 
 class _SpillFn(_SourceFn):
+    def _spill_chunks(self, split: str, task) -> Iterator[tuple]:
+        """`batches.spill_batch` of each source batch, in source order."""
+        s = self._settings
+        read = Metrics.counter(COUNTER_NAMESPACE, f"{split}_examples_read")
+        bits = s.bucket_bits(split)
+        for batch in prefetched(s.source.read(split, task)):  # decoding beside encoding
+            stop.raise_if_requested()
+            yield spill_batch(batch, s.salt, split, s.image_format, bits)
+            read.inc(len(batch.indices))
+
     def process(self, element: ReadTask) -> Iterator[SpillRun]:
         split, task_index, task = element
         writes = InOrder()  # a chunk is written while the next one is encoded
         with stop.writing():
             try:
-                for chunk, (buckets, keys, examples) in enumerate(
-                        self._encoded_chunks(split, task)):
+                for chunk, spilled in enumerate(self._spill_chunks(split, task)):
                     path = contract.join_path(self._settings.spill_dir(),
                                               f"{split}-{task_index:06d}-{chunk:06d}")
-                    framed = framing.frame_records(examples)
-                    del examples
-                    for spill in writes.submit(write_spill, path, buckets, keys, framed):
+                    for spill in writes.submit(write_spill, path, *spilled):
                         yield _spill_run(split, spill)
                 for spill in writes.wait_all():
                     yield _spill_run(split, spill)
