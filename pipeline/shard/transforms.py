@@ -238,14 +238,19 @@ class SpillSortedRuns(beam.PTransform):
 
 
 def _sum_per_split(grouped: tuple[str, Iterable]) -> tuple[str, dict[int, tuple[int, int]]]:
+    """(split, {bucket: (records, shard bytes)}), summed over the split's parts by numpy."""
     split, parts = grouped
-    totals: dict[int, list[int]] = {}
-    for ids, counts, sizes in parts:
-        for bucket, count, size in zip(ids.tolist(), counts.tolist(), sizes.tolist()):
-            total = totals.setdefault(bucket, [0, 0])
-            total[0] += count
-            total[1] += size
-    return split, {b: (c, n) for b, (c, n) in totals.items()}
+    parts = list(parts)
+    if not parts:
+        return split, {}
+    ids, counts, sizes = (np.concatenate([np.asarray(part[i], np.int64) for part in parts])
+                          for i in range(3))
+    buckets, which = np.unique(ids, return_inverse=True)
+    total = np.zeros(len(buckets), np.int64)
+    np.add.at(total, which, sizes)
+    records = np.zeros(len(buckets), np.int64)
+    np.add.at(records, which, counts)
+    return split, dict(zip(buckets.tolist(), zip(records.tolist(), total.tolist())))
 
 
 def make_plans(split_sizes: list[tuple[str, dict[int, tuple[int, int]]]], target_bytes: int,
