@@ -176,6 +176,11 @@ def floor_seconds(data: Path, shards: list[Path], scratch: Path
     return seconds
 
 
+def shard_bytes(output: Path) -> dict[str, bytes]:
+    """{file name: bytes} of a job's shards."""
+    return {f.name: f.read_bytes() for f in sorted(output.glob("mnist-*"))}
+
+
 def child_env(tree: Path) -> dict[str, str]:
     """The environment of a child run from the checkout ``tree``."""
     return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(tree)}
@@ -197,24 +202,33 @@ def start_up(work: Path, images: np.ndarray, labels: np.ndarray) -> Measured:
     return measured
 
 
-def profile_stages(py_spy: str, data: Path, output: Path, cpu: float) -> dict[str, float]:
-    """The job once under py-spy: {stage: seconds}, its samples' shares of ``cpu``."""
+def profile_stages(py_spy: str, data: Path, output: Path, cpu: float,
+                   tree: Path = REPO) -> dict[str, float]:
+    """The job of ``tree`` once under py-spy: {stage: seconds}, its samples' shares of ``cpu``."""
     raw = output.parent / "profile.txt"
     subprocess.run([py_spy, "record", "--threads", "--subprocesses", "--rate", "100",
                     "--format", "raw", "--output", str(raw), "--",
-                    *job_command(data, output)], cwd=REPO, check=True,
-                   capture_output=True, env=child_env(REPO))
+                    *job_command(data, output)], cwd=tree, check=True,
+                   capture_output=True, env=child_env(tree))
     samples = job_stages.stage_samples(raw.read_text().splitlines())
     raw.unlink()
+    subprocess.run(["rm", "-rf", str(output)], check=True)
     return job_stages.stage_seconds(samples, cpu)
 
 
-def print_breakdown(runs: list[dict[str, float]]) -> None:
-    """Median seconds per stage over the profiled runs."""
-    print("  CPU by stage (py-spy samples' shares of the job's CPU time, median):")
-    for stage in job_stages.STAGES:
-        seconds = statistics.median(run[stage] for run in runs)
-        print(f"    {job_stages.STAGE_TITLES[stage]:<26} {seconds:6.2f} s")
+def print_breakdown(runs: dict[str, list[dict[str, float]]]) -> None:
+    """Median seconds per stage over the profiled runs of each job."""
+    names = list(runs)
+    print("  CPU by stage (py-spy samples' shares of each job's CPU time, median): "
+          + " | ".join(names))
+    for stage in (*job_stages.STAGES, "total"):
+        cells = []
+        for name in names:
+            per_run = [sum(run.values()) if stage == "total" else run[stage]
+                       for run in runs[name]]
+            cells.append(f"{statistics.median(per_run):6.2f} s")
+        title = job_stages.STAGE_TITLES.get(stage, "total")
+        print(f"    {title:<26} " + " | ".join(cells))
 
 
 def compare(work: Path, factor: int, bar: float, repeats: int, digits,
@@ -226,7 +240,10 @@ def compare(work: Path, factor: int, bar: float, repeats: int, digits,
     records = 70_000 * factor
     print(f"{factor}x MNIST ({records:,} records, raw images), whole process, "
           f"IDX input {sum(f.stat().st_size for f in data.iterdir()) / 1e6:.0f} MB:")
-    ratios, floor_ratios, cpu_ratios, stages = [], [], [], []
+    ratios, floor_ratios, cpu_ratios = [], [], []
+    stages: dict[str, list] = {"this job": []}
+    if baseline:
+        stages[f"job of {baseline}"] = []
     for attempt in range(repeats):
         plain = run_measured(
             [sys.executable, "benchmarks/plain_writer.py", f"--source={data}",
@@ -241,12 +258,14 @@ def compare(work: Path, factor: int, bar: float, repeats: int, digits,
               f"{job.rss_mib / plain.rss_mib:4.2f}x memory")
         if baseline:
             old = run_measured(job_command(data, work / "baseline"), baseline)
-            same = all((work / "baseline" / f.name).read_bytes() == f.read_bytes()
-                       for f in (work / "beam").glob("mnist-*"))
+            same = shard_bytes(work / "baseline") == shard_bytes(work / "beam")
             print(f"         job of {baseline}: {old.wall:.1f} s, CPU {old.cpu:.2f} s, "
                   f"RSS {old.rss_mib:.0f} MiB | this/that {job.wall / old.wall:.2f}x wall, "
                   f"{job.cpu / old.cpu:.2f}x CPU | shards byte-identical: {same}")
             subprocess.run(["rm", "-rf", str(work / "baseline")], check=True)
+            if py_spy:
+                stages[f"job of {baseline}"].append(profile_stages(
+                    py_spy, data, work / "baseline", old.cpu, baseline))
         floor = floor_seconds(data, sorted((work / "beam").glob("mnist-*")),
                               work / "floor.bin")
         serial = sum(wall for wall, _ in floor.values())
@@ -259,7 +278,8 @@ def compare(work: Path, factor: int, bar: float, repeats: int, digits,
               f"{job.cpu:.2f} s | floor CPU {serial_cpu:.2f} s | job CPU/floor CPU "
               f"{cpu_ratios[-1]:.2f}x | load {os.getloadavg()[0]:.1f}")
         if py_spy:
-            stages.append(profile_stages(py_spy, data, work / "beam", job.cpu))
+            stages["this job"].append(profile_stages(py_spy, data, work / "beam-profiled",
+                                                     job.cpu))
         subprocess.run(["rm", "-rf", str(work / "plain"), str(work / "beam")], check=True)
     median = statistics.median(ratios)
     print(f"  job/plain time ratio: median {median:.2f}x (bar <= {bar}x: "
@@ -269,7 +289,7 @@ def compare(work: Path, factor: int, bar: float, repeats: int, digits,
                                ("job CPU/floor CPU", cpu_ratios, CPU_GOAL)):
         print(f"  {name} ratio: median {statistics.median(values):.2f}x "
               f"(goal at 10x <= {goal}x), best {min(values):.2f}x, worst {max(values):.2f}x")
-    if stages:
+    if py_spy:
         print_breakdown(stages)
     subprocess.run(["rm", "-rf", str(data)], check=True)
 
