@@ -221,26 +221,6 @@ class _RangeReader:
         return data
 
 
-def _gather(buffers: dict[int, bytes], src: np.ndarray, offsets: np.ndarray,
-            sizes: np.ndarray) -> bytes:
-    """The records ``(buffers[src[i]], offsets[i], sizes[i])``, joined in that order.
-
-    Records of one size (the usual case: a shard's raw records differ only
-    when an index's varint does) are moved by numpy as fixed-width rows;
-    others are sliced one by one.
-    """
-    width = int(sizes[0])
-    if np.all(sizes == width) and all(len(b) % width == 0 for b in buffers.values()):
-        names = sorted(buffers)
-        first_row = np.zeros(max(names) + 1, np.int64)
-        first_row[names] = np.cumsum([0] + [len(buffers[r]) // width for r in names[:-1]])
-        rows = np.frombuffer(b"".join(buffers[r] for r in names), np.dtype((np.void, width)))
-        return rows[first_row[src] + offsets // width].tobytes()
-    views = {r: memoryview(data) for r, data in buffers.items()}
-    return b"".join([views[r][a:a + n] for r, a, n in
-                     zip(src.tolist(), offsets.tolist(), sizes.tolist())])
-
-
 def merge_spill_ranges(ranges: Sequence[SpillRange], memory_bytes: int
                        ) -> Iterator[tuple[bytes, int]]:
     """Yields (framed records, count) blocks of the key-order merge of ``ranges``.
@@ -261,8 +241,7 @@ def merge_spill_ranges(ranges: Sequence[SpillRange], memory_bytes: int
         ends = np.concatenate([r.ends for r in readers])
         starts = np.concatenate([np.r_[r.start, r.ends[:-1]] for r in readers])
         order = key_order(keys)
-        sizes_of = ends - starts
-        sizes = sizes_of[order]
+        sizes = (ends - starts)[order]
         cuts = np.searchsorted(np.cumsum(sizes), np.arange(memory_bytes, sizes.sum(),
                                                             memory_bytes), side="right")
         for block in np.split(order, cuts):
@@ -272,6 +251,9 @@ def merge_spill_ranges(ranges: Sequence[SpillRange], memory_bytes: int
             last = np.full(len(ranges), -1, np.int64)
             np.maximum.at(last, src, block)
             base = np.fromiter((reader.offset for reader in readers), np.int64, len(readers))
-            buffers = {r: readers[r].read(int(ends[last[r]]))
+            buffers = {r: memoryview(readers[r].read(int(ends[last[r]])))
                        for r in np.flatnonzero(last >= 0).tolist()}
-            yield _gather(buffers, src, starts[block] - base[src], sizes_of[block]), len(block)
+            lo = (starts[block] - base[src]).tolist()
+            hi = (ends[block] - base[src]).tolist()
+            yield b"".join([buffers[r][a:b] for r, a, b in zip(src.tolist(), lo, hi)]), \
+                len(block)
