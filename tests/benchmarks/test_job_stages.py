@@ -36,7 +36,8 @@ ROOT = ["process 1:\"python -m pipeline\"", "thread (7): MainThread",
     (_frame("ShardFileWriter._store", "pipeline/shard/shard_io.py",
             "self._file.write(data)"), "write"),
     (_frame("key_order", "pipeline/shard/batches.py", "np.lexsort"), "shuffle"),
-    (_frame("_gather", "pipeline/shard/shard_io.py", "names = sorted(buffers)"), "shuffle"),
+    (_frame("merge_spill_ranges", "pipeline/shard/shard_io.py", "sizes = (ends - starts)"),
+     "shuffle"),
     ("_compile_bytecode (<frozen importlib._bootstrap_external>:729)", "beam"),
 ])
 def test_a_stack_is_charged_to_its_innermost_stage(leaf, stage):
