@@ -66,6 +66,13 @@ def key_order(keys: np.ndarray) -> np.ndarray:
     return np.lexsort((halves[:, 1], halves[:, 0]))
 
 
+def in_key_order(keys: np.ndarray) -> bool:
+    """Whether keys [n, 16] are already sorted bytewise (one pass, no sort)."""
+    halves = np.ascontiguousarray(keys).view(">u8").reshape(-1, 2)
+    high, low = halves[:, 0], halves[:, 1]
+    return bool(np.all((high[1:] > high[:-1]) | ((high[1:] == high[:-1]) & (low[1:] >= low[:-1]))))
+
+
 def encode_examples(batch, image_format: str) -> list[bytes]:
     """The serialized Example of each record of a `pipeline.source.sources.Batch`."""
     return wire.encode_examples({contract.IMAGE_KEY: batch.images,

@@ -30,7 +30,7 @@ import numpy as np
 
 from mnist_contract import framing
 from pipeline import stop, storage
-from pipeline.shard.batches import key_order
+from pipeline.shard.batches import in_key_order, key_order
 from pipeline.shard.config import KEY_BYTES, SHARDS
 from pipeline.shard.overlap import InOrder
 
@@ -163,7 +163,7 @@ def write_spill(path: str, buckets: np.ndarray, keys: np.ndarray, data: bytes,
     ``data`` the records back to back and ``lengths`` [n] each one's bytes.
     """
     lengths = np.asarray(lengths, np.int64)
-    if len(keys) > 1 and np.any(np.diff(key_order(keys)) != 1):
+    if not in_key_order(keys):
         raise ValueError(f"{path}: records not in key order")
     key_bytes = np.ascontiguousarray(keys).tobytes()
     length_bytes = lengths.astype("<u4").tobytes()

@@ -71,3 +71,14 @@ def test_spill_batch_is_the_framed_records_in_key_order(image_format, first_inde
     assert lengths.tolist() == [len(framed[i]) for i in order]
     assert np.array_equal(keys, expected_keys[order])
     assert buckets.tolist() == batches.buckets_of(expected_keys[order], 6).tolist()
+
+
+def test_in_key_order_agrees_with_sorting():
+    keys = batches.shuffle_keys("s", "train", np.arange(2000))
+    order = batches.key_order(keys)
+    assert batches.in_key_order(keys[order]) and not batches.in_key_order(keys)
+    tied = keys[order].copy()
+    tied[5, :8] = tied[6, :8]  # equal first words: the second word decides
+    tied[5, 8:], tied[6, 8:] = 255, 0
+    assert not batches.in_key_order(tied)
+    assert batches.in_key_order(keys[:1]) and batches.in_key_order(keys[:0])
