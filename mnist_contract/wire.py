@@ -219,20 +219,22 @@ def encode_example_rows(values: dict[str, Sequence], image_format: str
     kinds = np.unique(signature)
     blocks = []
     for kind in kinds.tolist():
-        rows = np.flatnonzero(signature == kind) if len(kinds) > 1 else None
+        rows = np.flatnonzero(signature == kind)
         widths = [(kind >> (4 * (len(columns) - 1 - c))) & 15 for c in range(len(columns))]
         pieces = []
         for (_, parts), width in zip(columns, widths):
             head, data = parts[width]
-            data = data if rows is None else data[rows]
-            pieces += [np.broadcast_to(np.frombuffer(head, np.uint8), (len(data), len(head))),
-                       data]
+            pieces += [_repeated(head, len(rows)),
+                       data if len(kinds) == 1 else data[rows]]  # one kind: no copy
         features_len = sum(p.shape[1] for p in pieces)
-        example_head = np.frombuffer(b"\x0a" + varint(features_len), np.uint8)
-        pieces.insert(0, np.broadcast_to(example_head, (len(data), len(example_head))))
-        rows = np.arange(len(data)) if rows is None else rows
+        pieces.insert(0, _repeated(b"\x0a" + varint(features_len), len(rows)))
         blocks.append((rows, np.concatenate(pieces, axis=1)))
     return blocks
+
+
+def _repeated(part: bytes, count: int) -> np.ndarray:
+    """``part`` as ``count`` identical uint8 rows (a view, no copy)."""
+    return np.broadcast_to(np.frombuffer(part, np.uint8), (count, len(part)))
 
 
 # --- Decoding ------------------------------------------------------------------

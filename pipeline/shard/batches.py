@@ -70,7 +70,8 @@ def in_key_order(keys: np.ndarray) -> bool:
     """Whether keys [n, 16] are already sorted bytewise (one pass, no sort)."""
     halves = np.ascontiguousarray(keys).view(">u8").reshape(-1, 2)
     high, low = halves[:, 0], halves[:, 1]
-    return bool(np.all((high[1:] > high[:-1]) | ((high[1:] == high[:-1]) & (low[1:] >= low[:-1]))))
+    later, same = high[1:] > high[:-1], high[1:] == high[:-1]
+    return bool(np.all(later | (same & (low[1:] >= low[:-1]))))
 
 
 def encode_examples(batch, image_format: str) -> list[bytes]:

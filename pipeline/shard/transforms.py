@@ -144,21 +144,22 @@ class _SourceFn(beam.DoFn):
     def setup(self):
         storage.configure_gcs()
 
-    def _encoded_chunks(self, split: str, task) -> Iterator[tuple[np.ndarray, list, list]]:
-        """(buckets, keys, Example bytes) per source batch, in source order."""
+    def _chunks(self, split: str, task, encode) -> Iterator[tuple]:
+        """``encode(batch, salt, split, image_format, bucket_bits)`` of each source
+        batch (`batches.encode_batch` or `batches.spill_batch`), in source order."""
         s = self._settings
         read = Metrics.counter(COUNTER_NAMESPACE, f"{split}_examples_read")
         bits = s.bucket_bits(split)
         for batch in prefetched(s.source.read(split, task)):  # decoding beside encoding
             stop.raise_if_requested()
-            yield encode_batch(batch, s.salt, split, s.image_format, bits)
+            yield encode(batch, s.salt, split, s.image_format, bits)
             read.inc(len(batch.indices))
 
 
 class _EncodeByBucketFn(_SourceFn):
     def process(self, element: ReadTask) -> Iterator[KeyedBatch]:
         split, _, task = element
-        for buckets, keys, examples in self._encoded_chunks(split, task):
+        for buckets, keys, examples in self._chunks(split, task, encode_batch):
             for bucket, pairs in group_by_bucket(buckets, keys, examples):
                 yield (split, bucket), pairs
 
@@ -186,22 +187,12 @@ class EncodeByBucket(beam.PTransform):
 
 
 class _SpillFn(_SourceFn):
-    def _spill_chunks(self, split: str, task) -> Iterator[tuple]:
-        """`batches.spill_batch` of each source batch, in source order."""
-        s = self._settings
-        read = Metrics.counter(COUNTER_NAMESPACE, f"{split}_examples_read")
-        bits = s.bucket_bits(split)
-        for batch in prefetched(s.source.read(split, task)):  # decoding beside encoding
-            stop.raise_if_requested()
-            yield spill_batch(batch, s.salt, split, s.image_format, bits)
-            read.inc(len(batch.indices))
-
     def process(self, element: ReadTask) -> Iterator[SpillRun]:
         split, task_index, task = element
         writes = InOrder()  # a chunk is written while the next one is encoded
         with stop.writing():
             try:
-                for chunk, spilled in enumerate(self._spill_chunks(split, task)):
+                for chunk, spilled in enumerate(self._chunks(split, task, spill_batch)):
                     path = contract.join_path(self._settings.spill_dir(),
                                               f"{split}-{task_index:06d}-{chunk:06d}")
                     for spill in writes.submit(write_spill, path, *spilled):
