@@ -1,18 +1,28 @@
 """Conversion speed and memory: the Beam job against a plain TFRecordWriter script.
 
     python benchmarks/pipeline_benchmark.py [--factors=1,10] [--repeats=3] [--skip_scale]
+        [--mnist_dir=FOLDER] [--py_spy=PATH]
 
-1. MNIST-sized input (60,000 + 10,000 real digits: the offline sample tiled
-   into IDX files) and 10x that (600,000 + 100,000, ~570 MB of shards):
-   whole-process wall time and peak RSS of ``python -m pipeline`` on the
-   local DirectRunner, next to ``plain_writer.py`` (one process, same
-   Example encoding, ``tf.io.TFRecordWriter``), and their ratio. Both run
-   alternately in this same invocation, so machine noise hits both.
-   Bars: job/plain <= 1.5x at MNIST size, <= 1.3x at 10x. Beside them, the
-   physical floor of the same input and output, measured in this process
-   after each job run: gunzip of the IDX files, writing the job's shard
-   bytes in large blocks, sha256 and crc32c over those bytes; the job's
-   time is printed as a multiple of their sum.
+0. The job's fixed start-up cost: a run on 100 + 100 digits (interpreter,
+   imports, runner, publish), wall and CPU time.
+1. MNIST-sized input (60,000 + 10,000 real digits) and 10x that (600,000 +
+   100,000, ~600 MB of shards). The digits are MNIST's 60,000 training
+   digits from ``--mnist_dir`` (the test split is the last 10,000 of them),
+   or the offline sample's 4,000 without it, tiled into gzip IDX files:
+   whole-process wall time, CPU time (user and sys, all threads) and peak
+   RSS of ``python -m pipeline`` on the local DirectRunner, next to
+   ``plain_writer.py`` (one process, same Example encoding,
+   ``tf.io.TFRecordWriter``), and their ratio. Both run alternately in this
+   same invocation, so machine noise hits both. Bars: job/plain <= 1.5x at
+   MNIST size, <= 1.3x at 10x. Beside them, the physical floor of the same
+   input and output, measured in this process after each job run: gunzip
+   of the IDX files, writing the job's shard bytes in large blocks, sha256
+   and crc32c over those bytes, each step's wall and CPU time; the job's
+   wall time is printed as a multiple of the steps' wall-time sum and its
+   CPU time as one of their CPU-time sum (goals at 10x: 2.0x and 2.5x; the
+   CPU sums hold still when other processes load the machine). With ``--py_spy``
+   each job runs once more under that sampling profiler, and the CPU time
+   is split by stage (`job_stages`).
 2. Scale: ``synthetic`` data of about ``--scale_gb`` (and of half that, to show
    how memory moves with size), printing shard sizes, time and peak RSS.
 """
@@ -20,6 +30,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gzip
 import hashlib
 import os
@@ -35,9 +46,11 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 import mnist_contract as contract
 
+import job_stages  # noqa: E402
 from pipeline.source import idx  # noqa: E402
 from pipeline.source.sources import SampleSource  # noqa: E402
 
@@ -48,47 +61,89 @@ FLOOR_BLOCK = 8 << 20  # bytes per write, hash and checksum call of the floor
 # straight from this benchmark would inherit this process's own peak RSS (Linux
 # keeps ru_maxrss across fork and exec, and this process holds the 10x IDX
 # data while writing it), so a small fresh interpreter starts the measured one.
+# The CPU time is the child's and that of every process it waited for
+# (user and sys, all threads), as ``wait4`` reports it.
 _MEASURE = """
 import os, resource, subprocess, sys, time
 start = time.perf_counter()
 child = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL)
 _, status, usage = os.wait4(child.pid, 0)
-print(time.perf_counter() - start, usage.ru_maxrss, os.waitstatus_to_exitcode(status))
+print(time.perf_counter() - start, usage.ru_maxrss, usage.ru_utime, usage.ru_stime,
+      os.waitstatus_to_exitcode(status))
 """
 
 
-def run_measured(cmd: list[str]) -> tuple[float, float]:
-    """(wall seconds, peak RSS in MiB) of one child process."""
-    result = subprocess.run([sys.executable, "-c", _MEASURE, *cmd], cwd=REPO,
-                            capture_output=True, text=True,
-                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
-    wall, maxrss, code = result.stdout.split()
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    """One child process: wall seconds, CPU seconds (user, sys) and peak RSS."""
+
+    wall: float
+    user: float
+    sys: float
+    rss_mib: float
+
+    @property
+    def cpu(self) -> float:
+        return self.user + self.sys
+
+
+def run_measured(cmd: list[str], tree: Path = REPO) -> Measured:
+    """Wall time, CPU time and peak RSS of one child process, run in ``tree``."""
+    result = subprocess.run([sys.executable, "-c", _MEASURE, *cmd], cwd=tree,
+                            capture_output=True, text=True, env=child_env(tree))
+    wall, maxrss, user, system, code = result.stdout.split()
     if int(code) != 0:
         raise RuntimeError(f"{cmd} failed:\n{result.stderr[-3000:]}")
-    return float(wall), int(maxrss) / 1024
+    return Measured(float(wall), float(user), float(system), int(maxrss) / 1024)
 
 
-def write_idx(folder: Path, factor: int) -> None:
-    """``factor`` x MNIST's 60k/10k real digits: the 5,000-digit sample, tiled."""
-    source = SampleSource()
-    digits = next(source.read("train", None))
-    for split, count in (("train", 60_000 * factor), ("test", 10_000 * factor)):
-        take = np.arange(count) % len(digits.labels)
+TEST_DIGITS = 10_000  # the test split carved from the real training digits
+STARTUP_DIGITS = 100  # per split, for the job's fixed cost
+WALL_GOAL, CPU_GOAL = 2.0, 2.5  # job wall and CPU time over the floor's serial sum
+
+
+def load_digits(mnist_dir: Path | None) -> tuple[np.ndarray, np.ndarray]:
+    """(images, labels) to tile: the real training digits in ``mnist_dir``, or
+    the offline sample's 4,000 when no folder is given."""
+    if mnist_dir is None:
+        digits = next(SampleSource().read("train", None))
+        return digits.images, digits.labels
+    images_name, labels_name = idx.MNIST_FILES["train"]
+    return idx.decode_split((mnist_dir / images_name).read_bytes(),
+                            (mnist_dir / labels_name).read_bytes(),
+                            str(mnist_dir / images_name), str(mnist_dir / labels_name))
+
+
+def write_idx(folder: Path, factor: int, images: np.ndarray, labels: np.ndarray,
+              sizes: dict[str, int] | None = None) -> None:
+    """``factor`` x MNIST's split sizes (or ``sizes``) from real digits, as gzip IDX files.
+
+    With MNIST's 60,000 training digits: ``train`` is all of them and ``test``
+    the last `TEST_DIGITS` of them (MNIST's own test digits are not in that
+    folder), 70,000 records in all, each tiled ``factor`` times.
+    """
+    sizes = sizes or {"train": 60_000, "test": TEST_DIGITS}
+    test = min(sizes["test"], len(labels))
+    splits = {"train": np.arange(sizes["train"] * factor) % len(labels),
+              "test": len(labels) - test + np.arange(sizes["test"] * factor) % test}
+    for split, take in splits.items():
         images_name, labels_name = idx.MNIST_FILES[split]
         (folder / images_name).write_bytes(
-            gzip.compress(idx.encode_idx(digits.images[take]), compresslevel=6))
+            gzip.compress(idx.encode_idx(images[take]), compresslevel=6))
         (folder / labels_name).write_bytes(
-            gzip.compress(idx.encode_idx(digits.labels[take].astype(np.uint8))))
+            gzip.compress(idx.encode_idx(labels[take].astype(np.uint8))))
 
 
-def _timed(step) -> float:
-    start = time.perf_counter()
+def _timed(step) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process) of ``step()``."""
+    start, cpu = time.perf_counter(), time.process_time()
     step()
-    return time.perf_counter() - start
+    return time.perf_counter() - start, time.process_time() - cpu
 
 
-def floor_seconds(data: Path, shards: list[Path], scratch: Path) -> dict[str, float]:
-    """Seconds of the work no converter of this input into these shards can skip.
+def floor_seconds(data: Path, shards: list[Path], scratch: Path
+                  ) -> dict[str, tuple[float, float]]:
+    """(wall, CPU) seconds of the work no converter of this input into these shards can skip.
 
     Inputs and output are read into memory first (untimed), so each step is
     measured alone: gunzip of every IDX file, writing the shards' bytes into
@@ -121,41 +176,121 @@ def floor_seconds(data: Path, shards: list[Path], scratch: Path) -> dict[str, fl
     return seconds
 
 
-def compare(work: Path, factor: int, bar: float, repeats: int) -> None:
+def shard_bytes(output: Path) -> dict[str, bytes]:
+    """{file name: bytes} of a job's shards."""
+    return {f.name: f.read_bytes() for f in sorted(output.glob("mnist-*"))}
+
+
+def child_env(tree: Path) -> dict[str, str]:
+    """The environment of a child run from the checkout ``tree``."""
+    return {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(tree)}
+
+
+def job_command(data: Path, output: Path) -> list[str]:
+    return [sys.executable, "-m", "pipeline", f"--source={data}", f"--output={output}",
+            "--runner=DirectRunner", "--overwrite"]
+
+
+def start_up(work: Path, images: np.ndarray, labels: np.ndarray) -> Measured:
+    """The job on a few digits: its fixed cost (interpreter, imports, runner, publish)."""
+    data = work / "idx-tiny"
+    data.mkdir()
+    write_idx(data, 1, images[:STARTUP_DIGITS], labels[:STARTUP_DIGITS],
+              sizes={"train": STARTUP_DIGITS, "test": STARTUP_DIGITS})
+    measured = run_measured(job_command(data, work / "tiny-out"))
+    subprocess.run(["rm", "-rf", str(data), str(work / "tiny-out")], check=True)
+    return measured
+
+
+def profile_stages(py_spy: str, data: Path, output: Path, cpu: float,
+                   tree: Path = REPO) -> dict[str, float]:
+    """The job of ``tree`` once under py-spy: {stage: seconds}, its samples' shares of ``cpu``."""
+    raw = output.parent / "profile.txt"
+    subprocess.run([py_spy, "record", "--threads", "--subprocesses", "--rate", "100",
+                    "--format", "raw", "--output", str(raw), "--",
+                    *job_command(data, output)], cwd=tree, check=True,
+                   capture_output=True, env=child_env(tree))
+    samples = job_stages.stage_samples(raw.read_text().splitlines())
+    raw.unlink()
+    subprocess.run(["rm", "-rf", str(output)], check=True)
+    return job_stages.stage_seconds(samples, cpu)
+
+
+def print_breakdown(runs: dict[str, list[dict[str, float]]]) -> None:
+    """Median seconds per stage over the profiled runs of each job."""
+    names = list(runs)
+    print("  CPU by stage (py-spy samples' shares of each job's CPU time, median): "
+          + " | ".join(names))
+    for stage in (*job_stages.STAGES, "total"):
+        cells = []
+        for name in names:
+            per_run = [sum(run.values()) if stage == "total" else run[stage]
+                       for run in runs[name]]
+            cells.append(f"{statistics.median(per_run):6.2f} s")
+        title = job_stages.STAGE_TITLES.get(stage, "total")
+        print(f"    {title:<26} " + " | ".join(cells))
+
+
+def compare(work: Path, factor: int, bar: float, repeats: int, digits,
+            py_spy: str | None, baseline: Path | None) -> None:
     """Plain script and job on the same IDX files, alternating, ``repeats`` times."""
     data = work / f"idx-{factor}x"
     data.mkdir()
-    write_idx(data, factor)
+    write_idx(data, factor, *digits)
     records = 70_000 * factor
     print(f"{factor}x MNIST ({records:,} records, raw images), whole process, "
           f"IDX input {sum(f.stat().st_size for f in data.iterdir()) / 1e6:.0f} MB:")
-    ratios, floor_ratios = [], []
+    ratios, floor_ratios, cpu_ratios = [], [], []
+    stages: dict[str, list] = {"this job": []}
+    if baseline:
+        stages[f"job of {baseline}"] = []
     for attempt in range(repeats):
-        plain_wall, plain_rss = run_measured(
+        plain = run_measured(
             [sys.executable, "benchmarks/plain_writer.py", f"--source={data}",
              f"--output={work / 'plain'}"])
-        beam_wall, beam_rss = run_measured(
-            [sys.executable, "-m", "pipeline", f"--source={data}",
-             f"--output={work / 'beam'}", "--runner=DirectRunner", "--overwrite"])
+        job = run_measured(job_command(data, work / "beam"))
         shards = sum(f.stat().st_size for f in (work / "beam").glob("mnist-*")) / 1e6
-        ratios.append(beam_wall / plain_wall)
-        print(f"  run {attempt + 1}: plain TFRecordWriter {plain_wall:6.1f} s, "
-              f"RSS {plain_rss:6.0f} MiB | job (DirectRunner) {beam_wall:6.1f} s, "
-              f"RSS {beam_rss:6.0f} MiB, {shards:.0f} MB of shards | "
-              f"job/plain {beam_wall / plain_wall:4.2f}x time, "
-              f"{beam_rss / plain_rss:4.2f}x memory")
+        ratios.append(job.wall / plain.wall)
+        print(f"  run {attempt + 1}: plain TFRecordWriter {plain.wall:6.1f} s, "
+              f"RSS {plain.rss_mib:6.0f} MiB | job (DirectRunner) {job.wall:6.1f} s, "
+              f"RSS {job.rss_mib:6.0f} MiB, {shards:.0f} MB of shards | "
+              f"job/plain {job.wall / plain.wall:4.2f}x time, "
+              f"{job.rss_mib / plain.rss_mib:4.2f}x memory")
+        if baseline:
+            old = run_measured(job_command(data, work / "baseline"), baseline)
+            same = shard_bytes(work / "baseline") == shard_bytes(work / "beam")
+            print(f"         job of {baseline}: {old.wall:.1f} s, CPU {old.cpu:.2f} s, "
+                  f"RSS {old.rss_mib:.0f} MiB | this/that {job.wall / old.wall:.2f}x wall, "
+                  f"{job.cpu / old.cpu:.2f}x CPU | shards byte-identical: {same}")
+            subprocess.run(["rm", "-rf", str(work / "baseline")], check=True)
+            if py_spy:
+                stages[f"job of {baseline}"].append(profile_stages(
+                    py_spy, data, work / "baseline", old.cpu, baseline))
         floor = floor_seconds(data, sorted((work / "beam").glob("mnist-*")),
                               work / "floor.bin")
-        floor_ratios.append(beam_wall / sum(floor.values()))
-        print("         floor: " + ", ".join(f"{k} {v:.2f} s" for k, v in floor.items())
-              + f" = {sum(floor.values()):.2f} s | job/floor {floor_ratios[-1]:.2f}x")
+        serial = sum(wall for wall, _ in floor.values())
+        serial_cpu = sum(cpu for _, cpu in floor.values())
+        floor_ratios.append(job.wall / serial)
+        cpu_ratios.append(job.cpu / serial_cpu)
+        print("         floor: " + ", ".join(f"{k} {v:.2f} s" for k, (v, _) in floor.items())
+              + f" = {serial:.2f} s | job/floor {floor_ratios[-1]:.2f}x")
+        print(f"         job CPU: user {job.user:.2f} s + sys {job.sys:.2f} s = "
+              f"{job.cpu:.2f} s | floor CPU {serial_cpu:.2f} s | job CPU/floor CPU "
+              f"{cpu_ratios[-1]:.2f}x | load {os.getloadavg()[0]:.1f}")
+        if py_spy:
+            stages["this job"].append(profile_stages(py_spy, data, work / "beam-profiled",
+                                                     job.cpu))
         subprocess.run(["rm", "-rf", str(work / "plain"), str(work / "beam")], check=True)
     median = statistics.median(ratios)
     print(f"  job/plain time ratio: median {median:.2f}x (bar <= {bar}x: "
           f"{'met' if median <= bar else 'MISSED'}), best {min(ratios):.2f}x, "
           f"worst {max(ratios):.2f}x")
-    print(f"  job/floor time ratio: median {statistics.median(floor_ratios):.2f}x, "
-          f"best {min(floor_ratios):.2f}x, worst {max(floor_ratios):.2f}x")
+    for name, values, goal in (("job/floor time", floor_ratios, WALL_GOAL),
+                               ("job CPU/floor CPU", cpu_ratios, CPU_GOAL)):
+        print(f"  {name} ratio: median {statistics.median(values):.2f}x "
+              f"(goal at 10x <= {goal}x), best {min(values):.2f}x, worst {max(values):.2f}x")
+    if py_spy:
+        print_breakdown(stages)
     subprocess.run(["rm", "-rf", str(data)], check=True)
 
 
@@ -182,12 +317,28 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--factors", default="1,10",
                         help="MNIST multiples to compare (1: 70,000 records, 10: 700,000)")
+    parser.add_argument("--mnist_dir", type=Path, default=None,
+                        help="folder of MNIST's train-*-ubyte.gz files: the digits to "
+                             "tile (default: the offline sample's 4,000)")
+    parser.add_argument("--py_spy", default=None,
+                        help="py-spy executable: profile each job run once more and "
+                             "print its CPU by stage")
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="another checkout of this project: its job runs after each "
+                             "job run too (A/B in one invocation; output compared)")
     args = parser.parse_args()
     bars = {1: 1.5, 10: 1.3}
+    digits = load_digits(args.mnist_dir)
     with tempfile.TemporaryDirectory(prefix="pipeline-bench-") as tmp:
         work = Path(tmp)
+        fixed = start_up(work, *digits)
+        print(f"Job start-up ({STARTUP_DIGITS} + {STARTUP_DIGITS} digits: interpreter, "
+              f"imports, runner, publish): {fixed.wall:.2f} s wall, CPU user "
+              f"{fixed.user:.2f} s + sys {fixed.sys:.2f} s, RSS {fixed.rss_mib:.0f} MiB "
+              f"| load {os.getloadavg()[0]:.1f}")
         for factor in map(int, args.factors.split(",")):
-            compare(work, factor, bars.get(factor, 1.3), args.repeats)
+            compare(work, factor, bars.get(factor, 1.3), args.repeats, digits, args.py_spy,
+                    args.baseline)
         if not args.skip_scale:
             scale(work, args.scale_gb)
 

@@ -51,6 +51,23 @@ def frame_records(records: Sequence[bytes]) -> list[bytes]:
             for i, data in zip(range(0, 4 * len(records), 4), records)]
 
 
+def frame_rows(rows: np.ndarray) -> np.ndarray:
+    """`frame_record` of each row of a uint8 [m, length] array, as rows [m, length + 16].
+
+    All records share one header; only the data CRC is computed per row.
+    """
+    m, length = rows.shape
+    data = np.ascontiguousarray(rows, dtype=np.uint8).tobytes()
+    crcs = np.fromiter((google_crc32c.value(data[at:at + length])
+                        for at in range(0, m * length, length)), np.uint32, m)
+    masked = ((crcs >> np.uint32(15)) | (crcs << np.uint32(17))) + np.uint32(_CRC_MASK_DELTA)
+    framed = np.empty((m, length + HEADER_BYTES + 4), np.uint8)
+    framed[:, :HEADER_BYTES] = np.frombuffer(header(length), np.uint8)
+    framed[:, HEADER_BYTES:HEADER_BYTES + length] = rows
+    framed[:, HEADER_BYTES + length:] = masked.astype("<u4").view(np.uint8).reshape(m, 4)
+    return framed
+
+
 def _record_end(buffer: bytes, offset: int, at: int, origin: str) -> int:
     """Where the record whose header starts at ``buffer[offset]`` ends, once its
     length CRC checks (``at``: that header's byte in the stream, for the error)."""

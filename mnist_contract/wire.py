@@ -84,13 +84,20 @@ class _BytesEntries:
         return head + value
 
 
-def varints(values: np.ndarray) -> list[bytes]:
-    """`varint` of each int64 value, computed for the whole array at once."""
-    v = np.asarray(values, dtype=np.int64).astype(np.uint64)
+def varint_columns(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`varint` of each int64 value as (uint8 [n, 10] with each varint's bytes
+    first, byte counts [n]), computed for the whole array at once."""
+    v = np.asarray(values, dtype=np.int64).reshape(-1).astype(np.uint64)
     shifts = np.arange(10, dtype=np.uint64) * np.uint64(7)
     groups = ((v[:, None] >> shifts) & np.uint64(0x7F)).astype(np.uint8)
     lengths = 1 + ((v[:, None] >> shifts[1:]) != 0).sum(axis=1)
     groups[np.arange(10) < (lengths - 1)[:, None]] |= 0x80
+    return groups, lengths
+
+
+def varints(values: np.ndarray) -> list[bytes]:
+    """`varint` of each int64 value, computed for the whole array at once."""
+    groups, lengths = varint_columns(values)
     data = groups.tobytes()
     return [data[i * 10:i * 10 + n] for i, n in enumerate(lengths.tolist())]
 
@@ -164,6 +171,70 @@ def encode_examples(values: dict[str, Sequence], image_format: str) -> list[byte
             head = heads[len(features)] = b"\x0a" + varint(len(features))
         out.append(head + features)
     return out
+
+
+def _column_parts(feature, value, image_format: str):
+    """One feature of a batch as fixed-width parts, or None if an entry's length
+    depends on more than a varint's length.
+
+    (kind [n], {kind: (entry head, uint8 [n, w])}): the records of one kind
+    share an entry head, and their entry is that head then their row of the
+    array (a raw image, or the first ``w`` bytes of a varint).
+    """
+    if feature.image and image_format == "raw":
+        flat = np.ascontiguousarray(value, dtype=np.uint8).reshape(len(value), -1)
+        if flat.shape[1] != IMAGE_BYTES:
+            raise ValueError(f"images of {flat.shape[1]} bytes, expected {IMAGE_BYTES}")
+        head = bytes_entry(feature.name, bytes(IMAGE_BYTES))[:-IMAGE_BYTES]
+        return np.zeros(len(flat), np.int64), {0: (head, flat)}
+    if feature.kind != "int64":
+        return None
+    ints = np.asarray(value, dtype=np.int64).reshape(-1)
+    groups, lengths = varint_columns(ints)
+    parts = {}
+    for k in np.unique(lengths).tolist():
+        first = int(ints[np.argmax(lengths == k)])
+        entry = int64_entry(feature.name, first)
+        parts[k] = (entry[:len(entry) - k], groups[:, :k])
+    return lengths, parts
+
+
+def encode_example_rows(values: dict[str, Sequence], image_format: str
+                        ) -> list[tuple[np.ndarray, np.ndarray]] | None:
+    """The serialized Examples of a batch as fixed-width rows, for numpy to move.
+
+    [(record positions [m], uint8 [m, length])], one block per record length;
+    each row equals `encode_examples`'s bytes of that record. None when the
+    image format (PNG) makes every record's length its own.
+    """
+    columns = []
+    for f in sorted(FEATURES, key=lambda f: f.name.encode()):
+        column = _column_parts(f, values[f.name], image_format)
+        if column is None:
+            return None
+        columns.append(column)
+    signature = np.zeros(len(columns[0][0]), np.int64)
+    for widths, _ in columns:  # a width is at most 10: one digit base 16 per column
+        signature = signature * 16 + widths
+    kinds = np.unique(signature)
+    blocks = []
+    for kind in kinds.tolist():
+        rows = np.flatnonzero(signature == kind)
+        widths = [(kind >> (4 * (len(columns) - 1 - c))) & 15 for c in range(len(columns))]
+        pieces = []
+        for (_, parts), width in zip(columns, widths):
+            head, data = parts[width]
+            pieces += [_repeated(head, len(rows)),
+                       data if len(kinds) == 1 else data[rows]]  # one kind: no copy
+        features_len = sum(p.shape[1] for p in pieces)
+        pieces.insert(0, _repeated(b"\x0a" + varint(features_len), len(rows)))
+        blocks.append((rows, np.concatenate(pieces, axis=1)))
+    return blocks
+
+
+def _repeated(part: bytes, count: int) -> np.ndarray:
+    """``part`` as ``count`` identical uint8 rows (a view, no copy)."""
+    return np.broadcast_to(np.frombuffer(part, np.uint8), (count, len(part)))
 
 
 # --- Decoding ------------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import Iterator
 
 import numpy as np
 
-from mnist_contract import wire
+from mnist_contract import framing, wire
 import mnist_contract as contract
 
 from pipeline.shard.config import KEY_BYTES
@@ -66,6 +66,14 @@ def key_order(keys: np.ndarray) -> np.ndarray:
     return np.lexsort((halves[:, 1], halves[:, 0]))
 
 
+def in_key_order(keys: np.ndarray) -> bool:
+    """Whether keys [n, 16] are already sorted bytewise (one pass, no sort)."""
+    halves = np.ascontiguousarray(keys).view(">u8").reshape(-1, 2)
+    high, low = halves[:, 0], halves[:, 1]
+    later, same = high[1:] > high[:-1], high[1:] == high[:-1]
+    return bool(np.all(later | (same & (low[1:] >= low[:-1]))))
+
+
 def encode_examples(batch, image_format: str) -> list[bytes]:
     """The serialized Example of each record of a `pipeline.source.sources.Batch`."""
     return wire.encode_examples({contract.IMAGE_KEY: batch.images,
@@ -92,3 +100,55 @@ def group_by_bucket(buckets: np.ndarray, keys: np.ndarray, examples: list[bytes]
             yield int(buckets[part[0]]), [
                 (key_bytes[i * KEY_BYTES:(i + 1) * KEY_BYTES], examples[i])
                 for i in part.tolist()]
+
+
+def take_rows(array: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """``array[order]`` along the first axis, each row moved as one block of bytes."""
+    array = np.ascontiguousarray(array)
+    row = array.dtype.itemsize * int(np.prod(array.shape[1:], dtype=np.int64))
+    if not len(array) or not row:
+        return array[order]
+    rows = array.reshape(len(array), row // array.dtype.itemsize).view(
+        np.dtype((np.void, row))).reshape(-1)
+    return rows[order].view(array.dtype).reshape((len(order),) + array.shape[1:])
+
+
+def _framed_blocks(values: dict, image_format: str) -> tuple[bytes, np.ndarray]:
+    """(the framed records of ``values`` back to back, each one's length).
+
+    Fixed-width rows (`wire.encode_example_rows`) are framed by numpy when
+    the format allows; records of another length than their neighbours
+    (a varint crossing 128, 16384, ...) are placed one by one, and PNG
+    records go through `wire.encode_examples` and `framing.frame_records`.
+    """
+    blocks = wire.encode_example_rows(values, image_format)
+    if blocks is None:
+        framed = framing.frame_records(wire.encode_examples(values, image_format))
+        return b"".join(framed), np.fromiter(map(len, framed), np.int64, len(framed))
+    if len(blocks) == 1:
+        rows = framing.frame_rows(blocks[0][1])
+        return rows.tobytes(), np.full(len(rows), rows.shape[1], np.int64)
+    n = sum(len(positions) for positions, _ in blocks)
+    parts: list = [b""] * n
+    lengths = np.empty(n, np.int64)
+    for positions, block in blocks:
+        framed = framing.frame_rows(block)
+        data, width = framed.tobytes(), framed.shape[1]
+        for j, at in enumerate(positions.tolist()):
+            parts[at] = data[j * width:(j + 1) * width]
+        lengths[positions] = width
+    return b"".join(parts), lengths
+
+
+def spill_batch(batch, salt: str, split: str, image_format: str, bucket_bits: int
+                ) -> tuple[np.ndarray, np.ndarray, bytes, np.ndarray]:
+    """(buckets [n], keys [n, 16], framed records, their lengths [n]) of a batch,
+    all in key order: a spill file's records, encoded straight into that order."""
+    keys = shuffle_keys(salt, split, batch.indices)
+    order = key_order(keys)
+    keys = keys[order]
+    values = {contract.IMAGE_KEY: take_rows(batch.images, order),
+              contract.LABEL_KEY: batch.labels[order],
+              contract.INDEX_KEY: batch.indices[order]}
+    data, lengths = _framed_blocks(values, image_format)
+    return buckets_of(keys, bucket_bits), keys, data, lengths

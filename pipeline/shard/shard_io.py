@@ -30,7 +30,7 @@ import numpy as np
 
 from mnist_contract import framing
 from pipeline import stop, storage
-from pipeline.shard.batches import key_order
+from pipeline.shard.batches import in_key_order, key_order
 from pipeline.shard.config import KEY_BYTES, SHARDS
 from pipeline.shard.overlap import InOrder
 
@@ -155,20 +155,24 @@ class SpillFile:
                           self.index_offset)
 
 
-def write_spill(path: str, buckets: np.ndarray, keys: np.ndarray,
-                framed: list[bytes]) -> SpillFile:
-    """Writes one key-sorted spill file of framed records, and its footer."""
-    order = key_order(keys)
-    key_bytes = keys[order].tobytes()
-    ordered = [framed[i] for i in order.tolist()]
-    lengths = np.fromiter(map(len, ordered), np.int64, len(ordered))
+def write_spill(path: str, buckets: np.ndarray, keys: np.ndarray, data: bytes,
+                lengths: np.ndarray) -> SpillFile:
+    """Writes one spill file: framed records already in key order, then its footer.
+
+    ``buckets`` [n] and ``keys`` [n, 16] are the records' in the same order,
+    ``data`` the records back to back and ``lengths`` [n] each one's bytes.
+    """
+    lengths = np.asarray(lengths, np.int64)
+    if not in_key_order(keys):
+        raise ValueError(f"{path}: records not in key order")
+    key_bytes = np.ascontiguousarray(keys).tobytes()
     length_bytes = lengths.astype("<u4").tobytes()
-    data = b"".join(ordered)
-    del ordered
-    storage.write_bytes(path, data + key_bytes + length_bytes)
+    with storage.open_write(path) as f:
+        for part in (data, key_bytes, length_bytes):
+            f.write(part)
     ends = np.cumsum(lengths)
-    ids, first = np.unique(buckets[order], return_index=True)
-    bounds = np.r_[first, len(order)].astype(np.int64)
+    ids, first = np.unique(buckets, return_index=True)
+    bounds = np.r_[first, len(lengths)].astype(np.int64)
     offsets = np.r_[0, ends][bounds].tolist()
     at = bounds.tolist()
     crcs, index_crcs = [], []
@@ -177,8 +181,9 @@ def write_spill(path: str, buckets: np.ndarray, keys: np.ndarray,
         index_crcs.append(google_crc32c.extend(
             google_crc32c.value(key_bytes[at[i] * KEY_BYTES:at[i + 1] * KEY_BYTES]),
             length_bytes[at[i] * 4:at[i + 1] * 4]))
-    return SpillFile(path, len(order), len(data), ids, bounds, np.array(offsets[1:], np.int64),
-                     np.array(crcs, np.int64), np.array(index_crcs, np.int64))
+    return SpillFile(path, len(lengths), len(data), ids, bounds,
+                     np.array(offsets[1:], np.int64), np.array(crcs, np.int64),
+                     np.array(index_crcs, np.int64))
 
 
 class _RangeReader:

@@ -53,7 +53,7 @@ from mnist_contract.sizes import FRAMING_BYTES
 
 from pipeline import stop, storage
 from pipeline.shard import sharding
-from pipeline.shard.batches import encode_batch, group_by_bucket
+from pipeline.shard.batches import encode_batch, group_by_bucket, spill_batch
 from pipeline.shard.config import SHARDS, SPILL_DIR
 from pipeline.shard.overlap import InOrder, prefetched
 from pipeline.shard.shard_io import (ShardFileWriter, SpillFile, SpillRange,
@@ -144,21 +144,22 @@ class _SourceFn(beam.DoFn):
     def setup(self):
         storage.configure_gcs()
 
-    def _encoded_chunks(self, split: str, task) -> Iterator[tuple[np.ndarray, list, list]]:
-        """(buckets, keys, Example bytes) per source batch, in source order."""
+    def _chunks(self, split: str, task, encode) -> Iterator[tuple]:
+        """``encode(batch, salt, split, image_format, bucket_bits)`` of each source
+        batch (`batches.encode_batch` or `batches.spill_batch`), in source order."""
         s = self._settings
         read = Metrics.counter(COUNTER_NAMESPACE, f"{split}_examples_read")
         bits = s.bucket_bits(split)
         for batch in prefetched(s.source.read(split, task)):  # decoding beside encoding
             stop.raise_if_requested()
-            yield encode_batch(batch, s.salt, split, s.image_format, bits)
+            yield encode(batch, s.salt, split, s.image_format, bits)
             read.inc(len(batch.indices))
 
 
 class _EncodeByBucketFn(_SourceFn):
     def process(self, element: ReadTask) -> Iterator[KeyedBatch]:
         split, _, task = element
-        for buckets, keys, examples in self._encoded_chunks(split, task):
+        for buckets, keys, examples in self._chunks(split, task, encode_batch):
             for bucket, pairs in group_by_bucket(buckets, keys, examples):
                 yield (split, bucket), pairs
 
@@ -191,13 +192,10 @@ class _SpillFn(_SourceFn):
         writes = InOrder()  # a chunk is written while the next one is encoded
         with stop.writing():
             try:
-                for chunk, (buckets, keys, examples) in enumerate(
-                        self._encoded_chunks(split, task)):
+                for chunk, spilled in enumerate(self._chunks(split, task, spill_batch)):
                     path = contract.join_path(self._settings.spill_dir(),
                                               f"{split}-{task_index:06d}-{chunk:06d}")
-                    framed = framing.frame_records(examples)
-                    del examples
-                    for spill in writes.submit(write_spill, path, buckets, keys, framed):
+                    for spill in writes.submit(write_spill, path, *spilled):
                         yield _spill_run(split, spill)
                 for spill in writes.wait_all():
                     yield _spill_run(split, spill)
@@ -231,14 +229,19 @@ class SpillSortedRuns(beam.PTransform):
 
 
 def _sum_per_split(grouped: tuple[str, Iterable]) -> tuple[str, dict[int, tuple[int, int]]]:
+    """(split, {bucket: (records, shard bytes)}), summed over the split's parts by numpy."""
     split, parts = grouped
-    totals: dict[int, list[int]] = {}
-    for ids, counts, sizes in parts:
-        for bucket, count, size in zip(ids.tolist(), counts.tolist(), sizes.tolist()):
-            total = totals.setdefault(bucket, [0, 0])
-            total[0] += count
-            total[1] += size
-    return split, {b: (c, n) for b, (c, n) in totals.items()}
+    parts = list(parts)
+    if not parts:
+        return split, {}
+    ids, counts, sizes = (np.concatenate([np.asarray(part[i], np.int64) for part in parts])
+                          for i in range(3))
+    buckets, which = np.unique(ids, return_inverse=True)
+    total = np.zeros(len(buckets), np.int64)
+    np.add.at(total, which, sizes)
+    records = np.zeros(len(buckets), np.int64)
+    np.add.at(records, which, counts)
+    return split, dict(zip(buckets.tolist(), zip(records.tolist(), total.tolist())))
 
 
 def make_plans(split_sizes: list[tuple[str, dict[int, tuple[int, int]]]], target_bytes: int,

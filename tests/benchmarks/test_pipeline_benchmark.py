@@ -25,5 +25,15 @@ def test_benchmark_prints_the_physical_floor_beside_the_baseline():
     *steps, total, ratio = map(float, floor.groups())
     assert all(v > 0 for v in steps) and total == pytest.approx(sum(steps), abs=0.02)
     assert ratio == pytest.approx(job / total, rel=0.05)
+    cpu = re.search(rf"job CPU: user {SECONDS} \+ sys {SECONDS} = {SECONDS} \| floor CPU "
+                    rf"{SECONDS} \| job CPU/floor CPU (\d+\.\d\d)x", out)
+    assert cpu, out
+    user, system, job_cpu, floor_cpu, cpu_ratio = map(float, cpu.groups())
+    assert user > 0 and job_cpu == pytest.approx(user + system, abs=0.02)
+    assert cpu_ratio == pytest.approx(job_cpu / floor_cpu, rel=0.05)
+    start_up = re.search(rf"Job start-up \(100 \+ 100 digits[^)]*\): {SECONDS} wall, "
+                         rf"CPU user {SECONDS} \+ sys {SECONDS}", out)
+    assert start_up and float(start_up.group(2)) > 0, out
     assert re.search(r"job/plain time ratio: median \d+\.\d\dx", out), out
     assert re.search(r"job/floor time ratio: median \d+\.\d\dx", out), out
+    assert re.search(r"job CPU/floor CPU ratio: median \d+\.\d\dx", out), out

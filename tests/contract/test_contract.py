@@ -94,6 +94,34 @@ def test_wire_encoder_equals_tf_serialization(image_format, count):
     assert len(ours) == count and ours == theirs
 
 
+def test_fixed_width_rows_equal_the_batch_encoder():
+    """`wire.encode_example_rows` gives each record's exact bytes, grouped by length."""
+    rng = np.random.default_rng(12)
+    count = 2000
+    images = rng.integers(0, 256, (count, 28, 28), dtype=np.uint8)
+    labels = rng.integers(0, contract.NUM_CLASSES, count)
+    indices = rng.permutation(np.r_[np.arange(100, 140), np.arange(16_300, 16_400),
+                                    rng.integers(0, 2**40, count - 140), [-1]][:count])
+    values = {contract.IMAGE_KEY: images, contract.LABEL_KEY: labels,
+              contract.INDEX_KEY: indices}
+    expected = wire.encode_examples(values, "raw")
+    blocks = wire.encode_example_rows(values, "raw")
+    assert len({block.shape[1] for _, block in blocks}) == len(blocks) > 3
+    got = {}
+    for positions, block in blocks:
+        got.update({at: row.tobytes() for at, row in zip(positions.tolist(), block)})
+    assert [got[i] for i in range(count)] == expected
+    assert wire.encode_example_rows(values, "png") is None
+
+
+def test_frame_rows_equals_frame_records():
+    rows = np.random.default_rng(13).integers(0, 256, (50, 37), dtype=np.uint8)
+    framed = framing.frame_rows(rows)
+    assert [row.tobytes() for row in framed] == framing.frame_records(
+        [row.tobytes() for row in rows])
+    assert framing.frame_rows(np.zeros((0, 5), np.uint8)).shape == (0, 21)
+
+
 def test_wire_varints_match_the_single_value_encoder():
     values = np.array([0, 1, 127, 128, 300, 2**35, 2**63 - 1, -1, -300])
     assert wire.varints(values) == [wire.varint(int(v)) for v in values]

@@ -1,6 +1,11 @@
 """Shuffle keys and buckets (`pipeline.shard.batches`): where each record goes in the order."""
 
 import numpy as np
+import pytest
+
+import mnist_contract as contract
+from mnist_contract import framing, wire
+from pipeline.source.sources import Batch
 
 from pipeline.shard import batches
 
@@ -35,3 +40,45 @@ def test_shuffle_keys_are_distinct_and_give_an_unrelated_order():
     assert abs(np.corrcoef(order, other)[0, 1]) < 0.02
     # Neighbouring indices land far apart: each 1% of the order mixes the whole range.
     assert np.ptp(order[:n // 100]) > 0.95 * n
+
+
+def test_take_rows_equals_fancy_indexing():
+    rng = np.random.default_rng(5)
+    for array in (rng.integers(0, 256, (40, 28, 28), dtype=np.uint8),
+                  rng.integers(-9, 9, 40), np.zeros((0, 3), np.uint8)):
+        order = rng.permutation(len(array))
+        assert np.array_equal(batches.take_rows(array, order), array[order])
+
+
+@pytest.mark.parametrize("image_format, first_index", [
+    ("raw", 0),           # varints of 1 and 2 bytes: records of two lengths
+    ("raw", 16_000),      # 2 and 3 bytes
+    ("raw", 3_000_000),   # one length: framed by numpy as one block
+    ("png", 100)])
+def test_spill_batch_is_the_framed_records_in_key_order(image_format, first_index):
+    rng = np.random.default_rng(first_index)
+    n = 1000
+    batch = Batch(np.arange(first_index, first_index + n, dtype=np.int64),
+                  rng.integers(0, 256, (n, 28, 28), dtype=np.uint8),
+                  rng.integers(0, contract.NUM_CLASSES, n).astype(np.int64))
+    buckets, keys, data, lengths = batches.spill_batch(batch, "s", "train", image_format, 6)
+    expected_keys = batches.shuffle_keys("s", "train", batch.indices)
+    order = batches.key_order(expected_keys).tolist()
+    framed = framing.frame_records(wire.encode_examples(
+        {contract.IMAGE_KEY: batch.images, contract.LABEL_KEY: batch.labels,
+         contract.INDEX_KEY: batch.indices}, image_format))
+    assert data == b"".join(framed[i] for i in order)
+    assert lengths.tolist() == [len(framed[i]) for i in order]
+    assert np.array_equal(keys, expected_keys[order])
+    assert buckets.tolist() == batches.buckets_of(expected_keys[order], 6).tolist()
+
+
+def test_in_key_order_agrees_with_sorting():
+    keys = batches.shuffle_keys("s", "train", np.arange(2000))
+    order = batches.key_order(keys)
+    assert batches.in_key_order(keys[order]) and not batches.in_key_order(keys)
+    tied = keys[order].copy()
+    tied[5, :8] = tied[6, :8]  # equal first words: the second word decides
+    tied[5, 8:], tied[6, 8:] = 255, 0
+    assert not batches.in_key_order(tied)
+    assert batches.in_key_order(keys[:1]) and batches.in_key_order(keys[:0])

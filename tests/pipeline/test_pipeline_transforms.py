@@ -160,22 +160,28 @@ def test_both_convert_transforms_write_the_same_bytes(tmp_path):
     assert outputs[0] == outputs[1] and len(outputs[0]) == 16
 
 
-def _spill_files(tmp_path, count, seed):
-    """``count`` spill files of random framed records; returns them and all (key, record)."""
+def _spill_files(tmp_path, count, seed, width=None):
+    """``count`` spill files of random framed records (of random lengths, or all
+    of ``width`` bytes); returns them and all (key, record)."""
     rng = np.random.default_rng(seed)
     spills, pairs = [], []
     for n in range(count):
         indices = np.arange(n * 1000, n * 1000 + int(rng.integers(100, 400)))
         keys = batches.shuffle_keys("s", "train", indices)
-        framed = framing.frame_records([rng.bytes(int(rng.integers(1, 300))) for _ in indices])
-        spills.append(write_spill(str(tmp_path / f"spill-{n}"), batches.buckets_of(keys, 6),
-                                  keys, framed))
+        framed = framing.frame_records([rng.bytes(width or int(rng.integers(1, 300)))
+                                        for _ in indices])
         pairs.extend(zip(map(bytes, keys), framed))
+        order = batches.key_order(keys).tolist()
+        spills.append(write_spill(str(tmp_path / f"spill-{n}"),
+                                  batches.buckets_of(keys[order], 6), keys[order],
+                                  b"".join(framed[i] for i in order),
+                                  [len(framed[i]) for i in order]))
     return spills, pairs
 
 
-def test_spill_files_merge_into_key_order_within_the_memory_bound(tmp_path):
-    spills, pairs = _spill_files(tmp_path, 5, seed=3)
+@pytest.mark.parametrize("width", [None, 40])  # records of many lengths, of one length
+def test_spill_files_merge_into_key_order_within_the_memory_bound(tmp_path, width):
+    spills, pairs = _spill_files(tmp_path, 5, seed=3, width=width)
     expected = b"".join(record for _, record in sorted(pairs))
     for spill in spills:  # each bucket is one range of records, in key order
         for i, bucket in enumerate(spill.bucket_ids.tolist()):
@@ -224,3 +230,12 @@ def test_damaged_spill_file_fails_the_merge(tmp_path):
     data[3] ^= 1
     path.write_bytes(bytes(data))
     assert sum(n for _, n in merge_spill_ranges([last], 1 << 20)) == len(last)
+
+
+def test_write_spill_refuses_records_out_of_key_order(tmp_path):
+    keys = batches.shuffle_keys("s", "train", np.arange(50))
+    order = batches.key_order(keys)
+    backwards = order[::-1]
+    with pytest.raises(ValueError, match="not in key order"):
+        write_spill(str(tmp_path / "spill"), batches.buckets_of(keys[backwards], 6),
+                    keys[backwards], bytes(50), [1] * 50)
