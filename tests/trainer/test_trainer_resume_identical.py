@@ -1,5 +1,6 @@
-"""Resuming is bit-identical for the recipe's model too: the cpu preset's
-convnet (dropout, augmentation), stopped after one epoch and resumed, ends
+"""Resuming is bit-identical for the recipes' models too: the tpu preset's
+convnet and the cpu preset's convnet_bn (dropout, augmentation, batch
+normalization), stopped after one epoch and resumed, end
 with the weights and optimizer state of an uninterrupted run, in both loops.
 
 Dropout draws its masks from the step (`trainer.model.dropout`), the
@@ -15,18 +16,21 @@ import pytest
 from tests.trainer.trainer_runs import final_variables, run
 from tests.trainer_data import read_metrics
 
-# The cpu preset's model and augmentation; a constant rate, so that --epochs may grow.
-RECIPE = ("--model=convnet", "--augment", "--seed=1", "--lr_schedule=constant",
-          "--steps_per_execution=2")
+# The presets' augmentation; a constant rate, so that --epochs may grow.
+RECIPE = ("--augment", "--seed=1", "--lr_schedule=constant", "--steps_per_execution=2")
 
 
-@pytest.mark.parametrize("loop", ["keras", "custom"])
-def test_the_recipe_resumes_bit_identically(trainer_dataset, tmp_path, loop):
+# convnet_bn: batch normalization's moving statistics are variables the
+# checkpoint holds too.
+@pytest.mark.parametrize("loop,model", [("keras", "convnet"), ("custom", "convnet"),
+                                        ("keras", "convnet_bn"), ("custom", "convnet_bn")])
+def test_the_recipe_resumes_bit_identically(trainer_dataset, tmp_path, loop, model):
     data = trainer_dataset(num_train=64, num_test=16, train_shards=2, test_shards=1)
+    flags = (*RECIPE, f"--model={model}")
     whole, resumed = str(tmp_path / "whole"), str(tmp_path / "resumed")
-    assert run(data, whole, *RECIPE, f"--loop={loop}", "--epochs=2") == 0
-    assert run(data, resumed, *RECIPE, f"--loop={loop}", "--epochs=1") == 0
-    assert run(data, resumed, *RECIPE, f"--loop={loop}", "--epochs=2") == 0
+    assert run(data, whole, *flags, f"--loop={loop}", "--epochs=2") == 0
+    assert run(data, resumed, *flags, f"--loop={loop}", "--epochs=1") == 0
+    assert run(data, resumed, *flags, f"--loop={loop}", "--epochs=2") == 0
     assert read_metrics(resumed)["resumed_from_step"] == 8
     want, got = final_variables(whole), final_variables(resumed)
     assert sorted(got) == sorted(want) and len(want) > 10

@@ -7,6 +7,10 @@
   (conv-pool-conv-pool, dropout before the classifier) with a dense layer
   of 128, trained with augmentation (`trainer.model.augment`) and a warmup +
   cosine learning-rate schedule (`make_optimizer`).
+* ``convnet_bn``: deeper, for the best accuracy: two pairs of 3x3 convs
+  (32, 64), each conv batch-normalized, each pair pooled, then the same
+  dropout and dense layer of 128. About 3.8x ``convnet``'s multiply-adds
+  (~1.75x its epoch time on 2 CPU cores with augmentation).
 
 All are built by `build_model`, which must run inside ``strategy.scope()``
 (`build` makes the model and its optimizer there)
@@ -92,6 +96,30 @@ def _convnet_layers(step: Optional[Callable[[], tf.Tensor]]) -> list[keras.layer
     ]
 
 
+def _convnet_bn_layers(step: Optional[Callable[[], tf.Tensor]]) -> list[keras.layers.Layer]:
+    """Two pairs of 3x3 convs (32, 64) with batch normalization, each pair
+    pooled, then a dense layer of 128 before the classifier.
+
+    The moving statistics' momentum is 0.9, not Keras' 0.99: with 0.99 they
+    still carry ~40% of their initial values after 93 steps, and a 3-epoch
+    run of the cpu preset on 4,000 digits evaluated at 0.10 (0.95 with 0.9);
+    at batch 1024 (48 steps an epoch) evaluations stayed near 0.10 for the
+    first 7 epochs while training accuracy was above 0.97.
+    """
+    def conv(filters):
+        return [keras.layers.Conv2D(filters, 3, use_bias=False),
+                keras.layers.BatchNormalization(momentum=0.9), keras.layers.ReLU()]
+    return [
+        *conv(32), *conv(32), keras.layers.MaxPooling2D(),
+        *conv(64), *conv(64), keras.layers.MaxPooling2D(),
+        keras.layers.Flatten(),
+        StepDropout(0.4, step=step),
+        keras.layers.Dense(128, activation="relu"),
+        StepDropout(0.4, step=step),
+        keras.layers.Dense(contract.NUM_CLASSES, dtype="float32", name="logits"),
+    ]
+
+
 def build_model(name: str = "small", *, augment: bool = False,
                 step: Optional[Callable[[], tf.Tensor]] = None) -> keras.Model:
     """An uncompiled model from [0, 1] float images to float32 logits.
@@ -103,7 +131,12 @@ def build_model(name: str = "small", *, augment: bool = False,
     """
     if name not in MODELS:
         raise TrainerError(f"unknown --model {name!r} (have {list(MODELS)})")
-    body = _convnet_layers(step) if name == "convnet" else _guide_layers(name)
+    if name == "convnet":
+        body = _convnet_layers(step)
+    elif name == "convnet_bn":
+        body = _convnet_bn_layers(step)
+    else:
+        body = _guide_layers(name)
     head = [RandomAffine(name="augment")] if augment else []
     return keras.Sequential(
         [keras.layers.Input(shape=contract.IMAGE_SHAPE, name="image"), *head, *body],
