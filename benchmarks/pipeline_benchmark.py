@@ -231,6 +231,35 @@ def print_breakdown(runs: dict[str, list[dict[str, float]]]) -> None:
         print(f"    {title:<26} " + " | ".join(cells))
 
 
+def run_baseline(job, data: Path, work: Path, baseline: Path, py_spy: str | None,
+                 stages: list) -> None:
+    """The job of another checkout on the same input, right after this one:
+    its time and CPU beside this job's, and whether the shards are the same bytes."""
+    old = run_measured(job_command(data, work / "baseline"), baseline)
+    same = shard_bytes(work / "baseline") == shard_bytes(work / "beam")
+    print(f"         job of {baseline}: {old.wall:.1f} s, CPU {old.cpu:.2f} s, "
+          f"RSS {old.rss_mib:.0f} MiB | this/that {job.wall / old.wall:.2f}x wall, "
+          f"{job.cpu / old.cpu:.2f}x CPU | shards byte-identical: {same}")
+    subprocess.run(["rm", "-rf", str(work / "baseline")], check=True)
+    if py_spy:
+        stages.append(profile_stages(py_spy, data, work / "baseline", old.cpu, baseline))
+
+
+def against_floor(job, data: Path, work: Path) -> tuple[float, float]:
+    """The floor of this input and the job's shards, measured now; prints it and
+    returns the job's wall and CPU time as multiples of the floor's serial sums."""
+    floor = floor_seconds(data, sorted((work / "beam").glob("mnist-*")), work / "floor.bin")
+    serial = sum(wall for wall, _ in floor.values())
+    serial_cpu = sum(cpu for _, cpu in floor.values())
+    wall_ratio, cpu_ratio = job.wall / serial, job.cpu / serial_cpu
+    print("         floor: " + ", ".join(f"{k} {v:.2f} s" for k, (v, _) in floor.items())
+          + f" = {serial:.2f} s | job/floor {wall_ratio:.2f}x")
+    print(f"         job CPU: user {job.user:.2f} s + sys {job.sys:.2f} s = "
+          f"{job.cpu:.2f} s | floor CPU {serial_cpu:.2f} s | job CPU/floor CPU "
+          f"{cpu_ratio:.2f}x | load {os.getloadavg()[0]:.1f}")
+    return wall_ratio, cpu_ratio
+
+
 def compare(work: Path, factor: int, bar: float, repeats: int, digits,
             py_spy: str | None, baseline: Path | None) -> None:
     """Plain script and job on the same IDX files, alternating, ``repeats`` times."""
@@ -257,26 +286,10 @@ def compare(work: Path, factor: int, bar: float, repeats: int, digits,
               f"job/plain {job.wall / plain.wall:4.2f}x time, "
               f"{job.rss_mib / plain.rss_mib:4.2f}x memory")
         if baseline:
-            old = run_measured(job_command(data, work / "baseline"), baseline)
-            same = shard_bytes(work / "baseline") == shard_bytes(work / "beam")
-            print(f"         job of {baseline}: {old.wall:.1f} s, CPU {old.cpu:.2f} s, "
-                  f"RSS {old.rss_mib:.0f} MiB | this/that {job.wall / old.wall:.2f}x wall, "
-                  f"{job.cpu / old.cpu:.2f}x CPU | shards byte-identical: {same}")
-            subprocess.run(["rm", "-rf", str(work / "baseline")], check=True)
-            if py_spy:
-                stages[f"job of {baseline}"].append(profile_stages(
-                    py_spy, data, work / "baseline", old.cpu, baseline))
-        floor = floor_seconds(data, sorted((work / "beam").glob("mnist-*")),
-                              work / "floor.bin")
-        serial = sum(wall for wall, _ in floor.values())
-        serial_cpu = sum(cpu for _, cpu in floor.values())
-        floor_ratios.append(job.wall / serial)
-        cpu_ratios.append(job.cpu / serial_cpu)
-        print("         floor: " + ", ".join(f"{k} {v:.2f} s" for k, (v, _) in floor.items())
-              + f" = {serial:.2f} s | job/floor {floor_ratios[-1]:.2f}x")
-        print(f"         job CPU: user {job.user:.2f} s + sys {job.sys:.2f} s = "
-              f"{job.cpu:.2f} s | floor CPU {serial_cpu:.2f} s | job CPU/floor CPU "
-              f"{cpu_ratios[-1]:.2f}x | load {os.getloadavg()[0]:.1f}")
+            run_baseline(job, data, work, baseline, py_spy, stages[f"job of {baseline}"])
+        wall_ratio, cpu_ratio = against_floor(job, data, work)
+        floor_ratios.append(wall_ratio)
+        cpu_ratios.append(cpu_ratio)
         if py_spy:
             stages["this job"].append(profile_stages(py_spy, data, work / "beam-profiled",
                                                      job.cpu))

@@ -48,7 +48,6 @@ import numpy as np
 from apache_beam.metrics.metric import Metrics
 
 import mnist_contract as contract
-from mnist_contract import framing
 from mnist_contract.sizes import FRAMING_BYTES
 
 from pipeline import stop, storage
