@@ -8,9 +8,17 @@ The helpers they use, which tests also import, are in `tests.helpers`.
 from __future__ import annotations
 
 import os
+import signal
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+# The commands keep a SIGHUP that their parent ignores (as under nohup: the
+# user asked for hangups to be ignored; `test_trainer_signals.py` checks it).
+# A suite started under nohup would hand that ignore to every process it
+# starts, and the tests of what a hangup does would see none; the suite's
+# processes start with the default action instead.
+signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 import pytest  # noqa: E402
 

@@ -23,7 +23,9 @@ def test_benchmark_prints_the_physical_floor_beside_the_baseline():
                       rf"crc32c {SECONDS} = {SECONDS} \| job/floor (\d+\.\d\d)x", out)
     assert floor, out
     *steps, total, ratio = map(float, floor.groups())
-    assert all(v > 0 for v in steps) and total == pytest.approx(sum(steps), abs=0.02)
+    # At 1x the crc32c of ~60 MB takes a few milliseconds, which can print as 0.00.
+    assert all(v >= 0 for v in steps) and steps[0] > 0
+    assert total == pytest.approx(sum(steps), abs=0.02)
     assert ratio == pytest.approx(job / total, rel=0.05)
     cpu = re.search(rf"job CPU: user {SECONDS} \+ sys {SECONDS} = {SECONDS} \| floor CPU "
                     rf"{SECONDS} \| job CPU/floor CPU (\d+\.\d\d)x", out)
