@@ -64,7 +64,9 @@ def test_kill_while_exporting_leaves_a_consistent_pair(tmp_path):
     # The next run finishes the job: one consistent pair.
     assert run(data, model_dir, "--epochs=3", *flags) == 0
     final = read_metrics(model_dir)
-    assert final["train_steps"] == 24 and final["test_accuracy"] != first["test_accuracy"]
+    # test_loss, not test_accuracy: 37 test digits leave few accuracies, and a
+    # 24-step model can get as many right as the 8-step one.
+    assert final["train_steps"] == 24 and final["test_loss"] != first["test_loss"]
     code, line = predict_accuracy(model_dir, data)
     assert code == 0 and line.startswith(f"accuracy={final['test_accuracy']:.4f} ")
     with open(os.path.join(model_dir, "export", "trainer_export.json")) as f:
