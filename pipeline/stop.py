@@ -16,7 +16,8 @@ threads it starts and the worker processes they spawn (which inherit the
 blocked mask) never receive them, even when a terminal's Ctrl-C reaches the
 whole process group. On a stop the main thread sets `requested` (in-process
 workers stop at their next batch, `raise_if_requested`), kills the worker
-processes and waits a bounded time for the run's thread.
+processes and waits a bounded time for the run's thread. From then on only
+the main thread writes to stderr, so the job's one line is the last.
 
 A step that must not be cut in the middle (taking or releasing the lock,
 removing the temp folder) runs inside `deferred`: a signal there is acted on
@@ -123,6 +124,24 @@ def _quiet_thread_errors(previous: Callable) -> Callable:
     return hook
 
 
+class _QuietOtherThreads:
+    """``sys.stderr`` while signals are handled: once the job is stopping, only
+    the main thread writes to it. Beam's SDK worker prints a failed bundle's
+    traceback straight to ``sys.stderr`` (``SdkWorker._execute``, checked in
+    Beam 2.77.0), and an in-process worker the stop ended is such a bundle."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        if requested.is_set() and threading.current_thread() is not threading.main_thread():
+            return len(text)
+        return self._stream.write(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
 @contextlib.contextmanager
 def handling_signals() -> Iterator[None]:
     """Inside the block the signals raise `Stopped` (see the module docstring).
@@ -139,12 +158,14 @@ def handling_signals() -> Iterator[None]:
         if previous[s] is not signal.SIG_IGN:
             signal.signal(s, _handle)
     hook, threading.excepthook = threading.excepthook, _quiet_thread_errors(threading.excepthook)
+    stderr, sys.stderr = sys.stderr, _QuietOtherThreads(sys.stderr)
     try:
         yield
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
         threading.excepthook = hook
+        sys.stderr = stderr
         requested.clear()
         _state.update(signum=0, raised=False, deferring=0)
 

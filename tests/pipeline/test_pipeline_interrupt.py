@@ -103,9 +103,7 @@ def check_one_line(lines: list[str], expected: str) -> None:
     (signal.SIGINT, True, "multi_processing", 4, True),
     (signal.SIGTERM, False, "multi_processing", 4, True),
     (signal.SIGHUP, True, "multi_processing", 0.5, False),
-    pytest.param(signal.SIGTERM, True, "multi_threading", 2, False, marks=pytest.mark.xfail(
-        reason="known race: Beam's in-process worker can log the StopRequested traceback "
-               "before the one error line (2 of 3 full runs on 2026-12-02)", strict=False)),
+    (signal.SIGTERM, True, "multi_threading", 2, False),
 ], ids=lambda v: getattr(v, "name", None) or str(v))
 def test_signal_while_beam_runs(tmp_path, signum, group, mode, delay, earlier):
     out = tmp_path / "out"
