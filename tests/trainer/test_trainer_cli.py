@@ -233,8 +233,8 @@ def test_every_field_is_a_flag_and_help_shows_its_default(capsys):
     assert "(default: train examples // global batch size)" in text
     assert ("Presets: smoke: the defaults shown; cpu: model=convnet_bn, augment=true, "
             "learning_rate=0.002, lr_schedule=cosine, warmup_steps=31, epochs=20, "
-            "global_batch_size=128; tpu: model=convnet, augment=true, "
-            "learning_rate=0.0057, lr_schedule=cosine, warmup_steps=4, epochs=20, "
+            "global_batch_size=128; tpu: model=convnet_bn, augment=true, "
+            "learning_rate=0.0057, lr_schedule=cosine, warmup_epochs=2.0, epochs=20, "
             "global_batch_size=1024, mixed_precision=bfloat16, steps_per_execution=50, "
             "cache=true; guide: model=guide, global_batch_size=1024, "
             "mixed_precision=bfloat16, steps_per_execution=50.") in text
@@ -250,8 +250,9 @@ def test_presets_and_explicit_flags_override_them():
             cpu.epochs, cpu.preset) == ("convnet_bn", True, 2e-3, "cosine", 31, 5, "cpu")
     tpu = cli.parse_flags(base + ["--preset=tpu"])
     assert (tpu.model, tpu.augment, tpu.lr_schedule, tpu.global_batch_size,
-            tpu.mixed_precision, tpu.steps_per_execution, tpu.cache) == (
-        "convnet", True, "cosine", 1024, "bfloat16", 50, True)
+            tpu.mixed_precision, tpu.steps_per_execution, tpu.cache, tpu.warmup_steps,
+            tpu.warmup_epochs) == (
+        "convnet_bn", True, "cosine", 1024, "bfloat16", 50, True, 0, 2.0)
     guide = cli.parse_flags(base + ["--preset=guide"])
     assert (guide.model, guide.augment, guide.global_batch_size, guide.mixed_precision,
             guide.steps_per_execution, guide.epochs) == ("guide", False, 1024, "bfloat16",
@@ -269,21 +270,41 @@ def test_presets_and_explicit_flags_override_them():
 
 
 def test_tpu_recipe_scales_the_cpu_one_to_its_batch():
-    """tpu = cpu's schedule at 8x the batch: sqrt-scaled learning rate, the same
-    warmup examples. Its model is convnet, measured at batch 1024 on all of MNIST
-    (docs/benchmarks.md); cpu's is convnet_bn."""
+    """tpu = cpu's model and schedule at 8x the batch: a sqrt-scaled learning
+    rate and a warmup of 2 epochs, both measured at batch 1024 on all of MNIST
+    (docs/benchmarks.md)."""
     cpu, tpu = config_lib.PRESETS["cpu"], config_lib.PRESETS["tpu"]
     ratio = tpu["global_batch_size"] / cpu["global_batch_size"]
     assert tpu["learning_rate"] == pytest.approx(cpu["learning_rate"] * ratio ** 0.5,
                                                  rel=0.01)
-    assert abs(tpu["warmup_steps"] * tpu["global_batch_size"]
-               - cpu["warmup_steps"] * cpu["global_batch_size"]) < tpu["global_batch_size"]
-    assert (tpu["model"], cpu["model"]) == ("convnet", "convnet_bn")
+    assert (tpu["warmup_epochs"], "warmup_steps" in tpu) == (2.0, False)
     assert {k: v for k, v in tpu.items() if k not in (
-        "model", "learning_rate", "warmup_steps", "global_batch_size", "mixed_precision",
+        "learning_rate", "warmup_epochs", "global_batch_size", "mixed_precision",
         "steps_per_execution", "cache")} == {
         k: v for k, v in cpu.items() if k not in (
-            "model", "learning_rate", "warmup_steps", "global_batch_size")}
+            "learning_rate", "warmup_steps", "global_batch_size")}
+
+
+@pytest.mark.parametrize("flags,steps,epochs", [
+    ([], 0, 2.0),
+    (["--warmup_steps=10"], 10, 0.0),
+    (["--warmup_steps=0"], 0, 0.0),
+    (["--warmup_epochs=0.5"], 0, 0.5),
+])
+def test_an_explicit_warmup_in_either_unit_replaces_the_presets(flags, steps, epochs):
+    config = cli.parse_flags(["--data=d", "--model_dir=m", "--preset=tpu", *flags])
+    assert (config.warmup_steps, config.warmup_epochs) == (steps, epochs)
+    cpu = cli.parse_flags(["--data=d", "--model_dir=m", "--preset=cpu", *flags])
+    assert (cpu.warmup_steps, cpu.warmup_epochs) == (
+        (steps, epochs) if flags else (31, 0.0))
+
+
+def test_warmup_epochs_become_the_same_share_of_any_run():
+    """2 of 20 epochs: 96 steps at 48 an epoch, 4 at 2; never 0 steps."""
+    config = TrainConfig(data="d", model_dir="m", epochs=20, warmup_epochs=2.0)
+    assert [config.warmup_for(n) for n in (960, 40, 4)] == [96, 4, 1]
+    assert TrainConfig(data="d", model_dir="m", warmup_steps=7).warmup_for(960) == 7
+    assert TrainConfig(data="d", model_dir="m").warmup_for(960) == 0
 
 
 @pytest.mark.parametrize("on_tpu,expected", [(True, "tpu"), (False, "cpu")])
@@ -339,6 +360,10 @@ def test_bad_flags_are_usage_errors(argv, message, capsys):
     (dict(global_batch_size=0), "--global_batch_size must be >= 1, not 0"),
     (dict(learning_rate=float("nan")), "--learning_rate must be a positive number"),
     (dict(warmup_steps=-1), "--warmup_steps must be >= 0, not -1"),
+    (dict(warmup_epochs=-0.5), "--warmup_epochs must be >= 0, not -0.5"),
+    (dict(warmup_epochs=float("inf")), "--warmup_epochs must be >= 0, not inf"),
+    (dict(warmup_steps=3, warmup_epochs=1.0),
+     "--warmup_steps and --warmup_epochs: give one of them"),
     (dict(model="huge"),
      "--model must be one of guide, small, convnet, convnet_bn, not 'huge'"),
     (dict(mixed_precision="fp16"), "--mixed_precision must be one of none, bfloat16"),

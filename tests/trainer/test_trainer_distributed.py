@@ -13,7 +13,7 @@ arrays; both loops resume at the saved step; outputs land in model_dir.
 Then, in the same process (so a second model under the same devices is
 covered too), the CPU recipe (convnet_bn + augmentation + warmup/cosine
 schedule) learns real digits in both loops, and its export's accuracy on raw
-pixels equals the trainer's.
+pixels equals the trainer's; so does the tpu preset, in bfloat16.
 """
 
 from __future__ import annotations
@@ -126,6 +126,17 @@ SCRIPT = textwrap.dedent(r'''
         classes = export.predict(test[0], verbose=0).argmax(-1)  # raw uint8 [N,28,28]
         m["export_correct"] = int((classes == test[1]).sum())
         results["recipe_" + loop] = m
+    # The tpu preset as it is (convnet_bn in bfloat16, in-memory input, a
+    # 2-epoch warmup), at a batch and learning rate these 640 digits allow.
+    from trainer.config import from_preset
+    m = train_and_evaluate(from_preset(
+        "tpu", data=tmp + "/digits", model_dir=tmp + "/recipe_tpu", learning_rate=2e-3,
+        epochs=5, global_batch_size=32, steps_per_execution=5, cpu_replicas=2, verbose=0,
+        seed=0, log_every=20))
+    export = keras.models.load_model(tmp + "/recipe_tpu/export")
+    m["export_correct"] = int((export.predict(test[0], verbose=0).argmax(-1) == test[1]).sum())
+    m["export_dtypes"] = sorted({l.compute_dtype for l in export.layers if l.weights})
+    results["recipe_tpu"] = m
     print("RESULTS " + json.dumps(results))
 ''')
 
@@ -216,6 +227,16 @@ def test_recipe_learns_real_digits_on_two_replicas(results, loop):
     assert h["train_loss"][-1] < 0.6 * h["train_loss"][0]
     assert m["test_examples"] == 150
     assert m["test_accuracy"] > 0.75  # 640 real digits, 100 steps; chance is 0.1
+
+
+def test_the_tpu_preset_learns_in_bfloat16_on_two_replicas(results):
+    m = results["recipe_tpu"]
+    assert (m["preset"], m["replicas"], m["train_steps"]) == ("tpu", 2, 5 * (640 // 32))
+    assert m["test_accuracy"] > 0.75  # chance is 0.1
+    assert m["history"]["train_loss"][-1] < 0.6 * m["history"]["train_loss"][0]
+    # bfloat16 sums in another order in the export's batches: a digit may flip.
+    assert abs(m["export_correct"] - m["test_accuracy"] * m["test_examples"]) <= 2
+    assert "bfloat16" in m["export_dtypes"]
 
 
 @pytest.mark.parametrize("loop", ["keras", "custom"])

@@ -262,3 +262,19 @@ def test_predict_takes_no_abbreviated_flags(capsys):
         predict.main(["--model_dir=m", "--dat=d"])
     assert exit_info.value.code == 2
     assert "unrecognized arguments: --dat=d" in capsys.readouterr().err
+
+
+def test_the_optimizer_warms_up_over_the_configs_warmup_in_steps(monkeypatch):
+    """`models.build` hands the optimizer ``--warmup_epochs`` as steps of this run."""
+    seen = []
+
+    def spy(learning_rate, schedule, total_steps, warmup_steps):
+        seen.append((total_steps, warmup_steps))
+        return optimizer_lib.make_optimizer(learning_rate, schedule, total_steps, warmup_steps)
+    monkeypatch.setattr(model_lib, "make_optimizer", spy)
+    strategy = tf.distribute.get_strategy()
+    for config, total in ((TrainConfig(data="d", model_dir="m", epochs=4, warmup_epochs=1.5),
+                           40),
+                          (TrainConfig(data="d", model_dir="m", warmup_steps=3), 40)):
+        model_lib.build(config, strategy, total)
+    assert seen == [(40, 15), (40, 3)]

@@ -19,6 +19,7 @@ LOOP = ["--loop=custom", "--steps_per_epoch=4"]
     ("--lr_schedule=cosine", "constant"),
     ("--learning_rate=0.01", "0.001"),
     ("--warmup_steps=3", "0"),
+    ("--warmup_epochs=0.5", "0.0"),
     ("--steps_per_epoch=5", "4"),
 ])
 def test_a_setting_that_defines_the_run_cannot_change(trained, model_dir, capsys, flag,

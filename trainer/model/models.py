@@ -153,7 +153,7 @@ def build(config: TrainConfig, strategy: tf.distribute.Strategy,
     """
     with strategy.scope():
         optimizer = make_optimizer(config.learning_rate, config.lr_schedule,
-                                   total_steps, config.warmup_steps)
+                                   total_steps, config.warmup_for(total_steps))
         model = build_model(config.model, augment=config.augment,
                             step=lambda: optimizer.iterations)
         optimizer.build(model.trainable_variables)
