@@ -271,6 +271,7 @@ def beam_locations(beam_values: argparse.Namespace) -> list[str]:
 
 def _beam_options(argv: Sequence[str]):
     """Beam's `PipelineOptions` of the whole command line, runner resolved."""
+    _compat.import_beam()  # the job's first import of Beam
     from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
     convert_options_class()  # so Beam parses the job's flags too
     beam = PipelineOptions(list(argv))
