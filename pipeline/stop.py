@@ -115,20 +115,12 @@ def _handle(signum, _frame) -> None:
         _raise_pending()
 
 
-def _quiet_thread_errors(previous: Callable) -> Callable:
-    """A `threading.excepthook` that drops the errors of Beam's threads once
-    the job is stopping (its workers were killed on purpose)."""
-    def hook(args) -> None:
-        if not requested.is_set():
-            previous(args)
-    return hook
-
-
 class _QuietOtherThreads:
     """``sys.stderr`` while signals are handled: once the job is stopping, only
     the main thread writes to it. Beam's SDK worker prints a failed bundle's
     traceback straight to ``sys.stderr`` (``SdkWorker._execute``, checked in
-    Beam 2.77.0), and an in-process worker the stop ended is such a bundle."""
+    Beam 2.77.0), and an in-process worker the stop ended is such a bundle;
+    the default `threading.excepthook` of Beam's threads writes there too."""
 
     def __init__(self, stream):
         self._stream = stream
@@ -157,14 +149,12 @@ def handling_signals() -> Iterator[None]:
     for s in SIGNALS:
         if previous[s] is not signal.SIG_IGN:
             signal.signal(s, _handle)
-    hook, threading.excepthook = threading.excepthook, _quiet_thread_errors(threading.excepthook)
     stderr, sys.stderr = sys.stderr, _QuietOtherThreads(sys.stderr)
     try:
         yield
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-        threading.excepthook = hook
         sys.stderr = stderr
         requested.clear()
         _state.update(signum=0, raised=False, deferring=0)

@@ -33,3 +33,14 @@ def test_stderr_passes_everything_while_no_stop_is_requested(capsys):
         sys.stderr.write("b\n")
         sys.stderr.flush()
     assert capsys.readouterr().err == "a\nb\n"
+
+
+def test_a_thread_that_dies_once_the_job_stops_prints_nothing(capsys):
+    def fail():
+        raise RuntimeError("a Beam thread ended by the stop")
+    with stop.handling_signals():
+        stop.requested.set()
+        thread = threading.Thread(target=fail)
+        thread.start()
+        thread.join()
+    assert capsys.readouterr().err == ""
