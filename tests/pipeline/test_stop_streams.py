@@ -35,7 +35,9 @@ def test_stderr_passes_everything_while_no_stop_is_requested(capsys):
     assert capsys.readouterr().err == "a\nb\n"
 
 
-def test_a_thread_that_dies_once_the_job_stops_prints_nothing(capsys):
+def test_a_thread_that_dies_once_the_job_stops_prints_nothing(capsys, monkeypatch):
+    monkeypatch.setattr(threading, "excepthook", threading.__excepthook__)  # not pytest's
+
     def fail():
         raise RuntimeError("a Beam thread ended by the stop")
     with stop.handling_signals():
