@@ -24,7 +24,7 @@ import typing
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from trainer.errors import TrainerError
-from trainer.names import MODELS, PRECISIONS, SCHEDULES
+from trainer.names import MODELS, OPTIMIZERS, PRECISIONS, SCHEDULES
 
 LOOPS = ("keras", "custom")
 STRATEGIES = ("auto", "tpu", "mirrored", "multi_worker", "default")
@@ -64,12 +64,17 @@ class TrainConfig:
         None, "optimizer steps per epoch", shown="train examples // global batch size")
     steps_per_execution: int = _field(50, "training steps per tf.function call "
                                           "(both loops; 1: one step per call)")
-    learning_rate: float = _field(1e-3, "Adam's (peak) learning rate")
+    optimizer: str = _field("adam", "adam, or lamb: Adam's step scaled per weight "
+                                    "matrix to a share of its norm (large batches)",
+                            choices=OPTIMIZERS)
+    learning_rate: float = _field(1e-3, "the optimizer's (peak) learning rate")
     lr_schedule: str = _field("constant", "learning rate after warm-up: constant "
                                           "or cosine decay to 0", choices=SCHEDULES)
     warmup_steps: int = _field(0, "linear warm-up from 0 over this many steps")
     warmup_epochs: float = _field(0.0, "linear warm-up from 0 over this many epochs "
                                        "(instead of --warmup_steps)")
+    label_smoothing: float = _field(0.0, "training targets: 1 - S on the label plus S/10 "
+                                         "on every class (0: one-hot)")
     strategy: str = _field("auto", "auto: a TPU if there are signs of one, else "
                                    "GPUs, else TF_CONFIG workers, else default",
                            choices=STRATEGIES)
@@ -135,6 +140,8 @@ class TrainConfig:
                   f"--{name} must be >= 0, not {getattr(self, name)}")
         check(0 <= self.warmup_epochs < float("inf"),
               f"--warmup_epochs must be >= 0, not {self.warmup_epochs}")
+        check(0 <= self.label_smoothing < 1,
+              f"--label_smoothing must be >= 0 and < 1, not {self.label_smoothing}")
         check(not (self.warmup_steps and self.warmup_epochs),
               "--warmup_steps and --warmup_epochs: give one of them")
         check(self.steps_per_epoch is None or self.steps_per_epoch >= 1,

@@ -1,4 +1,4 @@
-"""The names of the models, learning-rate schedules and precisions.
+"""The names of the models, optimizers, learning-rate schedules and precisions.
 
 `trainer.config` offers them as flag choices and `trainer.model.models` builds
 them; both import them from here, which needs no TensorFlow, so ``--help``
@@ -6,5 +6,6 @@ lists them without loading it.
 """
 
 MODELS = ("guide", "small", "convnet", "convnet_bn")
+OPTIMIZERS = ("adam", "lamb")
 SCHEDULES = ("constant", "cosine")
 PRECISIONS = ("none", "bfloat16")

@@ -364,6 +364,8 @@ def test_bad_flags_are_usage_errors(argv, message, capsys):
     (dict(warmup_epochs=float("inf")), "--warmup_epochs must be >= 0, not inf"),
     (dict(warmup_steps=3, warmup_epochs=1.0),
      "--warmup_steps and --warmup_epochs: give one of them"),
+    (dict(label_smoothing=1.0), "--label_smoothing must be >= 0 and < 1, not 1.0"),
+    (dict(label_smoothing=float("nan")), "--label_smoothing must be >= 0 and < 1, not nan"),
     (dict(model="huge"),
      "--model must be one of guide, small, convnet, convnet_bn, not 'huge'"),
     (dict(mixed_precision="fp16"), "--mixed_precision must be one of none, bfloat16"),

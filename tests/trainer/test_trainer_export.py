@@ -265,16 +265,18 @@ def test_predict_takes_no_abbreviated_flags(capsys):
 
 
 def test_the_optimizer_warms_up_over_the_configs_warmup_in_steps(monkeypatch):
-    """`models.build` hands the optimizer ``--warmup_epochs`` as steps of this run."""
+    """`models.build` hands the optimizer ``--warmup_epochs`` as steps of this
+    run, and ``--optimizer``."""
     seen = []
 
-    def spy(learning_rate, schedule, total_steps, warmup_steps):
-        seen.append((total_steps, warmup_steps))
-        return optimizer_lib.make_optimizer(learning_rate, schedule, total_steps, warmup_steps)
+    def spy(learning_rate, schedule, total_steps, warmup_steps, name):
+        seen.append((total_steps, warmup_steps, name))
+        return optimizer_lib.make_optimizer(learning_rate, schedule, total_steps,
+                                            warmup_steps, name)
     monkeypatch.setattr(model_lib, "make_optimizer", spy)
     strategy = tf.distribute.get_strategy()
-    for config, total in ((TrainConfig(data="d", model_dir="m", epochs=4, warmup_epochs=1.5),
-                           40),
-                          (TrainConfig(data="d", model_dir="m", warmup_steps=3), 40)):
-        model_lib.build(config, strategy, total)
-    assert seen == [(40, 15), (40, 3)]
+    built = [model_lib.build(config, strategy, 40)[1] for config in (
+        TrainConfig(data="d", model_dir="m", epochs=4, warmup_epochs=1.5),
+        TrainConfig(data="d", model_dir="m", warmup_steps=3, optimizer="lamb"))]
+    assert seen == [(40, 15, "adam"), (40, 3, "lamb")]
+    assert [type(o).__name__ for o in built] == ["Adam", "Lamb"]

@@ -20,6 +20,8 @@ LOOP = ["--loop=custom", "--steps_per_epoch=4"]
     ("--learning_rate=0.01", "0.001"),
     ("--warmup_steps=3", "0"),
     ("--warmup_epochs=0.5", "0.0"),
+    ("--label_smoothing=0.1", "0.0"),
+    ("--optimizer=lamb", "adam"),
     ("--steps_per_epoch=5", "4"),
 ])
 def test_a_setting_that_defines_the_run_cannot_change(trained, model_dir, capsys, flag,

@@ -33,6 +33,7 @@ import tf_keras as keras
 
 import mnist_contract as contract
 from trainer.config import TrainConfig
+from trainer.model.loss import per_example_loss
 
 
 class CustomLoop:
@@ -62,8 +63,8 @@ class CustomLoop:
         images, labels = batch[contract.IMAGE_KEY], batch[contract.LABEL_KEY]
         with tf.GradientTape() as tape:
             logits = self.model(images, training=True)
-            per_example = keras.losses.sparse_categorical_crossentropy(
-                labels, logits, from_logits=True)
+            per_example = per_example_loss(labels, logits,
+                                           self.config.label_smoothing)
             loss = tf.nn.compute_average_loss(
                 per_example, global_batch_size=self.config.global_batch_size)
             if self.model.losses:

@@ -36,6 +36,7 @@ from trainer.config import TrainConfig
 from trainer.errors import TrainerError
 from trainer.model.augment import RandomAffine
 from trainer.model.dropout import StepDropout
+from trainer.model.loss import TrainLoss
 from trainer.model.optimizer import make_optimizer
 from trainer.names import MODELS, PRECISIONS
 
@@ -153,12 +154,13 @@ def build(config: TrainConfig, strategy: tf.distribute.Strategy,
     """
     with strategy.scope():
         optimizer = make_optimizer(config.learning_rate, config.lr_schedule,
-                                   total_steps, config.warmup_for(total_steps))
+                                   total_steps, config.warmup_for(total_steps),
+                                   config.optimizer)
         model = build_model(config.model, augment=config.augment,
                             step=lambda: optimizer.iterations)
         optimizer.build(model.trainable_variables)
         model.compile(optimizer=optimizer,
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      loss=TrainLoss(config.label_smoothing),
                       metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
                       steps_per_execution=config.steps_per_execution,
                       jit_compile=config.jit_compile)

@@ -1,22 +1,75 @@
-"""The optimizer and its learning-rate schedule (``--learning_rate``,
-``--lr_schedule``, ``--warmup_steps``): Adam with a linear warmup, then a
-constant rate or a cosine decay to 0 at the last step.
+"""The optimizer (``--optimizer``) and its learning-rate schedule
+(``--learning_rate``, ``--lr_schedule``, ``--warmup_steps``): Adam or LAMB with
+a linear warmup, then a constant rate or a cosine decay to 0 at the last step.
 """
 
 from __future__ import annotations
 
 import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
+import tensorflow as tf
 import tf_keras as keras
 
 from trainer.errors import TrainerError
-from trainer.names import SCHEDULES
+from trainer.names import OPTIMIZERS, SCHEDULES
 
 
 def make_optimizer(learning_rate: float, schedule: str, total_steps: int,
-                   warmup_steps: int) -> keras.optimizers.Optimizer:
-    """Adam with the learning rate of `learning_rate_schedule`."""
-    return keras.optimizers.Adam(
-        learning_rate_schedule(learning_rate, schedule, total_steps, warmup_steps))
+                   warmup_steps: int, name: str = "adam") -> keras.optimizers.Optimizer:
+    """``name`` (Adam or `Lamb`) with the learning rate of `learning_rate_schedule`."""
+    if name not in OPTIMIZERS:
+        raise TrainerError(f"unknown --optimizer {name!r} (have {list(OPTIMIZERS)})")
+    rate = learning_rate_schedule(learning_rate, schedule, total_steps, warmup_steps)
+    return Lamb(rate) if name == "lamb" else keras.optimizers.Adam(rate)
+
+
+class Lamb(keras.optimizers.Optimizer):
+    """LAMB (You et al., "Large Batch Optimization for Deep Learning: Training
+    BERT in 76 minutes", ICLR 2020, Algorithm 2, without weight decay): Adam's
+    bias-corrected step ``r = m̂ / (√v̂ + ε)``, rescaled for each weight matrix
+    ``w`` by the trust ratio ``‖w‖ / ‖r‖``, so that every layer moves by the
+    same fraction (the learning rate) of its norm whatever the batch size.
+
+    Vectors (biases, batch-norm scales and offsets) take Adam's step as is, as
+    in the BERT and Flax recipes that exclude them from layer adaptation: a
+    zero-initialized bias has no norm to scale by. tf-keras 2.20/2.21 ship no
+    LAMB (TensorFlow Addons had one and is end-of-life).
+    """
+
+    def __init__(self, learning_rate=1e-3, beta_1: float = 0.9, beta_2: float = 0.999,
+                 epsilon: float = 1e-6, name: str = "Lamb", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self._learning_rate = self._build_learning_rate(learning_rate)
+        self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
+
+    def build(self, var_list):
+        super().build(var_list)
+        if getattr(self, "_built", False):
+            return
+        self._built = True
+        self._momentums = [self.add_variable_from_reference(v, "m") for v in var_list]
+        self._velocities = [self.add_variable_from_reference(v, "v") for v in var_list]
+
+    def update_step(self, gradient, variable):
+        index = self._index_dict[self._var_key(variable)]
+        m, v = self._momentums[index], self._velocities[index]
+        dtype = variable.dtype
+        step = tf.cast(self.iterations + 1, dtype)
+        m.assign_add((gradient - m) * (1 - self.beta_1))
+        v.assign_add((tf.square(gradient) - v) * (1 - self.beta_2))
+        m_hat = m / (1 - tf.pow(tf.cast(self.beta_1, dtype), step))
+        v_hat = v / (1 - tf.pow(tf.cast(self.beta_2, dtype), step))
+        update = m_hat / (tf.sqrt(v_hat) + self.epsilon)
+        rate = tf.cast(self.learning_rate, dtype)
+        if variable.shape.rank > 1:
+            w_norm, r_norm = tf.norm(variable), tf.norm(update)
+            rate = rate * tf.where((w_norm > 0) & (r_norm > 0), w_norm / r_norm,
+                                   tf.ones_like(w_norm))
+        variable.assign_sub(rate * update)
+
+    def get_config(self):
+        return {**super().get_config(),
+                "learning_rate": self._serialize_hyperparameter(self._learning_rate),
+                "beta_1": self.beta_1, "beta_2": self.beta_2, "epsilon": self.epsilon}
 
 
 def learning_rate_schedule(learning_rate: float, schedule: str, total_steps: int,
