@@ -75,6 +75,9 @@ class TrainConfig:
                                        "(instead of --warmup_steps)")
     label_smoothing: float = _field(0.0, "training targets: 1 - S on the label plus S/10 "
                                          "on every class (0: one-hot)")
+    bn_recalibration_examples: int = _field(
+        0, "after the last step, recompute batch normalization's statistics over "
+           "the first N train examples, unaugmented (0: keep the running averages)")
     strategy: str = _field("auto", "auto: a TPU if there are signs of one, else "
                                    "GPUs, else TF_CONFIG workers, else default",
                            choices=STRATEGIES)
@@ -135,7 +138,8 @@ class TrainConfig:
                      "shuffle_buffer", "log_every", "keep_checkpoints"):
             check(getattr(self, name) >= 1,
                   f"--{name} must be >= 1, not {getattr(self, name)}")
-        for name in ("warmup_steps", "cpu_replicas", "checkpoint_every"):
+        for name in ("warmup_steps", "cpu_replicas", "checkpoint_every",
+                     "bn_recalibration_examples"):
             check(getattr(self, name) >= 0,
                   f"--{name} must be >= 0, not {getattr(self, name)}")
         check(0 <= self.warmup_epochs < float("inf"),
@@ -206,11 +210,12 @@ PRESETS: Mapping[str, Mapping[str, Any]] = {
     "smoke": {},
     "cpu": {"model": "convnet_bn", "augment": True, "learning_rate": 2e-3,
             "lr_schedule": "cosine", "warmup_steps": 31, "epochs": 20,
-            "global_batch_size": 128},
+            "global_batch_size": 128, "bn_recalibration_examples": 10_000},
     "tpu": {"model": "convnet_bn", "augment": True, "learning_rate": 5.7e-3,
             "lr_schedule": "cosine", "warmup_epochs": 2.0, "epochs": 20,
             "global_batch_size": 1024, "mixed_precision": "bfloat16",
-            "steps_per_execution": 50, "cache": True},
+            "steps_per_execution": 50, "cache": True,
+            "bn_recalibration_examples": 10_000},
     "guide": {"model": "guide", "global_batch_size": 1024,
               "mixed_precision": "bfloat16", "steps_per_execution": 50},
 }

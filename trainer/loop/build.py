@@ -7,8 +7,9 @@ stands at a global step (`trainer.data.input_pipeline.train_input`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from typing import Sequence
+from typing import Callable, Sequence
 
 import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tf_keras as keras
@@ -16,7 +17,7 @@ import tf_keras as keras
 import mnist_contract as contract
 from trainer import strategy as strategy_lib
 from trainer.data import input_pipeline
-from trainer.loop import actions, summaries
+from trainer.loop import actions, batch_norm, summaries
 from trainer.loop.controller import Controller, Schedule
 from trainer.loop.custom_loop import CustomLoop
 from trainer.loop.evaluator import Evaluator
@@ -48,6 +49,26 @@ def evaluator(run: Run, model: keras.Model) -> Evaluator:
                      origin=contract.join_path(run.config.data, contract.MANIFEST_FILE))
 
 
+def recalibrator(run: Run, model: keras.Model) -> Callable[[], None]:
+    """``--bn_recalibration_examples``: the pass over the train split's first
+    examples that recomputes the model's batch-norm statistics (none without
+    batch-norm layers or with 0 examples)."""
+    layers = batch_norm.batch_norm_layers(model)
+    if not (layers and run.config.bn_recalibration_examples):
+        return lambda: None
+    config = dataclasses.replace(run.config, cache=False)  # a sample, not a pass to keep
+
+    def recalibrate():
+        dataset, per_pass = input_pipeline.eval_input(run.strategy, run.train_files, config)
+        steps = batch_norm.recalibration_steps(config.bn_recalibration_examples,
+                                               config.global_batch_size, per_pass)
+        batch_norm.Recalibrator(run.strategy, model, dataset, steps)()
+        examples = min(steps * config.global_batch_size, run.train_files.num_examples)
+        print(f"batch norm: statistics of {len(layers)} layers recomputed over "
+              f"{examples} train examples", flush=True)
+    return recalibrate
+
+
 def build_controller(run: Run, model: keras.Model, optimizer, claim: Claim,
                      callbacks: Sequence = ()) -> Controller:
     """The controller of one run, its parts built here and handed in; those
@@ -69,7 +90,7 @@ def build_controller(run: Run, model: keras.Model, optimizer, claim: Claim,
     controller = Controller(
         inner_loop(run, model, optimizer, callbacks), evaluate, checkpoints, writers, profile,
         schedule=Schedule.of(config, run.steps_per_epoch), signals=signals, share=share,
-        check_inputs=run.pin.check)
+        check_inputs=run.pin.check, recalibrate=recalibrator(run, model))
     run.role.log_write_dirs(config.model_dir)
     return controller
 

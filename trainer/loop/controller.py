@@ -19,7 +19,9 @@ parts are built by `trainer.loop.build.build_controller` and handed in:
 * the stop signals (`trainer.run.preemption.StopSignals`): after the call that
   is running it saves that step and raises `trainer.run.preemption.Stopped`;
 * ``check_inputs``: raises if the data changed since the run started
-  (`trainer.run.dataset_pin`), before each evaluation and each save.
+  (`trainer.run.dataset_pin`), before each evaluation and each save;
+* ``recalibrate``: called at the last step, before its evaluation and save
+  (`trainer.loop.batch_norm`).
 """
 
 from __future__ import annotations
@@ -105,11 +107,13 @@ class Controller:
                  checkpoints: RunCheckpoints, summaries: Summaries,
                  actions: Sequence[Action] = (), *, schedule: Schedule,
                  signals: Optional[StopSignals] = None, share: Optional[Callable] = None,
-                 check_inputs: Callable[[], None] = lambda: None):
+                 check_inputs: Callable[[], None] = lambda: None,
+                 recalibrate: Callable[[], None] = lambda: None):
         self.inner_loop, self.evaluator = inner_loop, evaluator
         self.checkpoints, self.summaries, self.actions = checkpoints, summaries, actions
         self.schedule, self.signals, self.share = schedule, signals, share
         self.check_inputs = check_inputs  # before each evaluation and save
+        self.recalibrate = recalibrate  # at the last step, before its evaluation
         self.step, self.start_step, self.total_steps = 0, 0, schedule.total_steps
         self.result: dict = {}
         self._logged_step, self._logged_time = 0, time.perf_counter()
@@ -180,8 +184,10 @@ class Controller:
             self.stop_if_asked()
 
     def end_epoch(self, step: int, logs: Mapping) -> None:
-        """Evaluates, records the epoch, checkpoints."""
+        """(At the last step, recalibrates,) evaluates, records the epoch, checkpoints."""
         self.step = step
+        if step == self.total_steps:
+            self.recalibrate()
         result = self.evaluate()
         print(f"epoch {self.schedule.epoch(step)}/{self.schedule.epochs} "
               f"test_loss {result['test_loss']:.4f} "
