@@ -233,10 +233,12 @@ def test_every_field_is_a_flag_and_help_shows_its_default(capsys):
     assert "(default: train examples // global batch size)" in text
     assert ("Presets: smoke: the defaults shown; cpu: model=convnet_bn, augment=true, "
             "learning_rate=0.002, lr_schedule=cosine, warmup_steps=31, epochs=20, "
-            "global_batch_size=128; tpu: model=convnet_bn, augment=true, "
+            "global_batch_size=128, bn_recalibration_examples=10000; tpu: "
+            "model=convnet_bn, augment=true, "
             "learning_rate=0.0057, lr_schedule=cosine, warmup_epochs=2.0, epochs=20, "
             "global_batch_size=1024, mixed_precision=bfloat16, steps_per_execution=50, "
-            "cache=true; guide: model=guide, global_batch_size=1024, "
+            "cache=true, bn_recalibration_examples=10000; guide: model=guide, "
+            "global_batch_size=1024, "
             "mixed_precision=bfloat16, steps_per_execution=50.") in text
     assert "[--preset {auto,smoke,cpu,tpu,guide}]" in text and "(default: auto)" in text
 

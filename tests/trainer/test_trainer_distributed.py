@@ -127,7 +127,8 @@ SCRIPT = textwrap.dedent(r'''
         m["export_correct"] = int((classes == test[1]).sum())
         results["recipe_" + loop] = m
     # The tpu preset as it is (convnet_bn in bfloat16, in-memory input, a
-    # 2-epoch warmup), at a batch and learning rate these 640 digits allow.
+    # 2-epoch warmup, batch-norm recalibration), at a batch and learning rate
+    # these 640 digits allow.
     from trainer.config import from_preset
     m = train_and_evaluate(from_preset(
         "tpu", data=tmp + "/digits", model_dir=tmp + "/recipe_tpu", learning_rate=2e-3,
@@ -237,6 +238,12 @@ def test_the_tpu_preset_learns_in_bfloat16_on_two_replicas(results):
     # bfloat16 sums in another order in the export's batches: a digit may flip.
     assert abs(m["export_correct"] - m["test_accuracy"] * m["test_examples"]) <= 2
     assert "bfloat16" in m["export_dtypes"]
+    # Its batch-norm statistics recomputed once, before the last evaluation
+    # and the export: 10,000 examples asked, the 640 of one pass given.
+    recalibrated = [line for line in results["stdout"].splitlines()
+                    if line.startswith("batch norm:")]
+    assert recalibrated == ["batch norm: statistics of 4 layers recomputed over 640 "
+                            "train examples"]
 
 
 @pytest.mark.parametrize("loop", ["keras", "custom"])

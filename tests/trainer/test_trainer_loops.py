@@ -62,7 +62,8 @@ class _RecordingLoop:
 
 def test_controller_runs_the_inner_loop_from_boundary_to_boundary(tmp_path, capsys):
     """Stops at every log (3), checkpoint (5) and epoch (8) boundary; logs,
-    checkpoints and evaluates there; resets the inner loop's metrics per epoch."""
+    checkpoints and evaluates there; resets the inner loop's metrics per epoch;
+    recalibrates once, at the last step, before its evaluation."""
     config = TrainConfig(data="-", model_dir=str(tmp_path), epochs=2, log_every=3,
                          checkpoint_every=5, keep_checkpoints=10)
     strategy = tf.distribute.get_strategy()
@@ -85,13 +86,15 @@ def test_controller_runs_the_inner_loop_from_boundary_to_boundary(tmp_path, caps
                                   preview=lambda: np.zeros((1, 28, 28, 1), np.float32))
     controller = controller_lib.Controller(
         inner, Evaluator(), RunCheckpoints(config, outputs.Role(), model, optimizer, 8),
-        writers, schedule=controller_lib.Schedule.of(config, 8))
+        writers, schedule=controller_lib.Schedule.of(config, 8),
+        recalibrate=lambda: evaluations.append(("recalibrate",
+                                                int(optimizer.iterations.numpy()))))
     controller.restore()
     controller.train()
     result = controller.finish()
     controller.close()
     assert inner.calls == [3, 2, 1, 2, "reset", 1, 1, 2, 3, 1, "reset"]
-    assert evaluations == [8, 16]
+    assert evaluations == [8, ("recalibrate", 16), 16]
     printed = [line.split()[1] for line in capsys.readouterr().out.splitlines()
                if line.startswith("step ")]
     assert printed == ["3/16", "6/16", "8/16", "9/16", "12/16", "15/16", "16/16"]

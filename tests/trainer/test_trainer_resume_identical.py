@@ -1,6 +1,6 @@
-"""Resuming is bit-identical for the recipes' models too: the tpu preset's
-convnet and the cpu preset's convnet_bn (dropout, augmentation, batch
-normalization), stopped after one epoch and resumed, end
+"""Resuming is bit-identical for the recipes' models too: convnet and the
+presets' convnet_bn (dropout, augmentation, batch normalization and its
+recalibration after the last step), stopped after one epoch and resumed, end
 with the weights and optimizer state of an uninterrupted run, in both loops.
 
 Dropout draws its masks from the step (`trainer.model.dropout`), the
@@ -17,7 +17,8 @@ from tests.trainer.trainer_runs import final_variables, run
 from tests.trainer_data import read_metrics
 
 # The presets' augmentation; a constant rate, so that --epochs may grow.
-RECIPE = ("--augment", "--seed=1", "--lr_schedule=constant", "--steps_per_execution=2")
+RECIPE = ("--augment", "--seed=1", "--lr_schedule=constant", "--steps_per_execution=2",
+          "--bn_recalibration_examples=24")
 
 
 # convnet_bn: batch normalization's moving statistics are variables the
