@@ -240,7 +240,7 @@ def test_the_tpu_preset_learns_in_bfloat16_on_two_replicas(results):
     assert "bfloat16" in m["export_dtypes"]
     # Its batch-norm statistics recomputed once, before the last evaluation
     # and the export: 10,000 examples asked, the 640 of one pass given.
-    recalibrated = [line for line in results["stdout"].splitlines()
+    recalibrated = [line.rsplit(" in ", 1)[0] for line in results["stdout"].splitlines()
                     if line.startswith("batch norm:")]
     assert recalibrated == ["batch norm: statistics of 4 layers recomputed over 640 "
                             "train examples"]

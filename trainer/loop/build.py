@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from typing import Callable, Sequence
 
 import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
@@ -59,13 +60,15 @@ def recalibrator(run: Run, model: keras.Model) -> Callable[[], None]:
     config = dataclasses.replace(run.config, cache=False)  # a sample, not a pass to keep
 
     def recalibrate():
+        start = time.perf_counter()
         dataset, per_pass = input_pipeline.eval_input(run.strategy, run.train_files, config)
         steps = batch_norm.recalibration_steps(config.bn_recalibration_examples,
                                                config.global_batch_size, per_pass)
         batch_norm.Recalibrator(run.strategy, model, dataset, steps)()
         examples = min(steps * config.global_batch_size, run.train_files.num_examples)
         print(f"batch norm: statistics of {len(layers)} layers recomputed over "
-              f"{examples} train examples", flush=True)
+              f"{examples} train examples in {time.perf_counter() - start:.1f} s",
+              flush=True)
     return recalibrate
 
 
