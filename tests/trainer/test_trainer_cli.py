@@ -234,8 +234,8 @@ def test_every_field_is_a_flag_and_help_shows_its_default(capsys):
     assert ("Presets: smoke: the defaults shown; cpu: model=convnet_bn, augment=true, "
             "learning_rate=0.002, lr_schedule=cosine, warmup_steps=31, epochs=20, "
             "global_batch_size=128, bn_recalibration_examples=10000; tpu: "
-            "model=convnet_bn, augment=true, "
-            "learning_rate=0.0057, lr_schedule=cosine, warmup_epochs=2.0, epochs=20, "
+            "model=convnet_bn, augment=true, optimizer=lamb, "
+            "learning_rate=0.02, lr_schedule=cosine, warmup_epochs=2.0, epochs=20, "
             "global_batch_size=1024, mixed_precision=bfloat16, steps_per_execution=50, "
             "cache=true, bn_recalibration_examples=10000; guide: model=guide, "
             "global_batch_size=1024, "
@@ -251,10 +251,11 @@ def test_presets_and_explicit_flags_override_them():
     assert (cpu.model, cpu.augment, cpu.learning_rate, cpu.lr_schedule, cpu.warmup_steps,
             cpu.epochs, cpu.preset) == ("convnet_bn", True, 2e-3, "cosine", 31, 5, "cpu")
     tpu = cli.parse_flags(base + ["--preset=tpu"])
-    assert (tpu.model, tpu.augment, tpu.lr_schedule, tpu.global_batch_size,
-            tpu.mixed_precision, tpu.steps_per_execution, tpu.cache, tpu.warmup_steps,
-            tpu.warmup_epochs) == (
-        "convnet_bn", True, "cosine", 1024, "bfloat16", 50, True, 0, 2.0)
+    assert (tpu.model, tpu.augment, tpu.optimizer, tpu.learning_rate, tpu.lr_schedule,
+            tpu.global_batch_size, tpu.mixed_precision, tpu.steps_per_execution, tpu.cache,
+            tpu.warmup_steps, tpu.warmup_epochs) == (
+        "convnet_bn", True, "lamb", 2e-2, "cosine", 1024, "bfloat16", 50, True, 0, 2.0)
+    assert cpu.optimizer == "adam"
     guide = cli.parse_flags(base + ["--preset=guide"])
     assert (guide.model, guide.augment, guide.global_batch_size, guide.mixed_precision,
             guide.steps_per_execution, guide.epochs) == ("guide", False, 1024, "bfloat16",
@@ -271,18 +272,17 @@ def test_presets_and_explicit_flags_override_them():
         TrainConfig(data="d", model_dir="m", preset="auto")
 
 
-def test_tpu_recipe_scales_the_cpu_one_to_its_batch():
-    """tpu = cpu's model and schedule at 8x the batch: a sqrt-scaled learning
-    rate and a warmup of 2 epochs, both measured at batch 1024 on all of MNIST
+def test_tpu_recipe_is_the_cpu_one_at_its_batch_with_lamb():
+    """tpu = cpu's model and schedule at 8x the batch, with LAMB, its learning
+    rate and a warmup of 2 epochs, measured at batch 1024 on all of MNIST
     (docs/benchmarks.md)."""
     cpu, tpu = config_lib.PRESETS["cpu"], config_lib.PRESETS["tpu"]
-    ratio = tpu["global_batch_size"] / cpu["global_batch_size"]
-    assert tpu["learning_rate"] == pytest.approx(cpu["learning_rate"] * ratio ** 0.5,
-                                                 rel=0.01)
+    assert tpu["global_batch_size"] == 8 * cpu["global_batch_size"]
+    assert (tpu["optimizer"], tpu["learning_rate"]) == ("lamb", 2e-2)
     assert (tpu["warmup_epochs"], "warmup_steps" in tpu) == (2.0, False)
     assert {k: v for k, v in tpu.items() if k not in (
-        "learning_rate", "warmup_epochs", "global_batch_size", "mixed_precision",
-        "steps_per_execution", "cache")} == {
+        "optimizer", "learning_rate", "warmup_epochs", "global_batch_size",
+        "mixed_precision", "steps_per_execution", "cache")} == {
         k: v for k, v in cpu.items() if k not in (
             "learning_rate", "warmup_steps", "global_batch_size")}
 
