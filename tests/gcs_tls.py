@@ -199,7 +199,17 @@ def _relay(client, upstream: socket.socket, exchange: Exchange) -> None:
 # first, socketserver prints the traceback); TF would answer with retries.
 HANDLER_FAILURES = ("An error has occurred while running the handler",
                     "Traceback (most recent call last)")
+CLIENT_GONE = ("BrokenPipeError", "ConnectionResetError")  # its client was killed
 POLL_SECONDS = 0.2
+
+
+def _client_gone(lines: list[str], at: int) -> bool:
+    """Whether the traceback starting at ``lines[at]`` ends in `CLIENT_GONE`."""
+    if not lines[at].startswith("Traceback"):
+        return False
+    end = next((j for j in range(at + 1, len(lines)) if not lines[j].startswith(" ")),
+               len(lines) - 1)
+    return lines[end].startswith(CLIENT_GONE)
 
 
 class GcsTlsServer:
@@ -210,6 +220,7 @@ class GcsTlsServer:
         self.folder = folder
         self.log_path = folder / "emulator.log"
         self.log_start = 0  # the server's log lines of earlier tests end here
+        self.clients_killed = False  # `expect_killed_clients` until `mark_log`
         self.emulator = GcsEmulator(free_port(), log_path=self.log_path)
         self.ca, cert, key = write_certificates(folder)
         self.proxy = GcsProxy(self.emulator.port, cert, key)
@@ -257,14 +268,22 @@ class GcsTlsServer:
         lives for the session; a test that kills clients mid-request leaves
         broken pipes in its log)."""
         self.log_start = len(self.log_path.read_text(errors="replace").splitlines())
+        self.clients_killed = False
+
+    def expect_killed_clients(self) -> None:
+        """Until the next `mark_log`, a handler that failed only because its
+        client went away (a test killed it mid-request) is not a server error."""
+        self.clients_killed = True
 
     def server_errors(self) -> list[str]:
         """The first handler exception in the server's log since `mark_log`
         and the 40 lines from there (its traceback); [] while there is none."""
         lines = self.log_path.read_text(errors="replace").splitlines()[self.log_start:]
-        first = next((i for i, line in enumerate(lines)
-                      if any(marker in line for marker in HANDLER_FAILURES)), None)
-        return [] if first is None else lines[first:first + 40]
+        for i, line in enumerate(lines):
+            if any(marker in line for marker in HANDLER_FAILURES):
+                if not (self.clients_killed and _client_gone(lines, i)):
+                    return lines[i:i + 40]
+        return []
 
     def run(self, args: list[str], timeout: float, extra_env: dict[str, str] | None = None,
             **popen) -> subprocess.CompletedProcess:

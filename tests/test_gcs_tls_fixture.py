@@ -193,3 +193,31 @@ def test_run_stops_a_command_when_the_server_logs_a_handler_exception(tmp_path):
 def test_run_stops_a_command_at_its_timeout(gcs_tls):
     with pytest.raises(AssertionError, match="no exit after 0.5 s"):
         gcs_tls.run([sys.executable, "-c", "import time; time.sleep(120)"], timeout=0.5)
+
+
+BROKEN_PIPE = """----------------------------------------
+Exception occurred during processing of request from ('127.0.0.1', 40000)
+Traceback (most recent call last):
+  File "/usr/lib/python3.11/socketserver.py", line 834, in write
+    self._sock.sendall(b)
+BrokenPipeError: [Errno 32] Broken pipe
+----------------------------------------
+"""
+HANDLER_BUG = """Traceback (most recent call last):
+  File "server.py", line 1, in handle
+KeyError: 'bucket'
+"""
+
+
+def test_a_killed_clients_broken_pipe_is_forgiven_only_when_expected(tmp_path):
+    server = GcsTlsServer(tmp_path)  # not started: its log is written here
+    server.log_path.write_text(BROKEN_PIPE)
+    assert server.server_errors()[0] == "Traceback (most recent call last):"
+    server.expect_killed_clients()
+    assert server.server_errors() == []
+    server.log_path.write_text(BROKEN_PIPE + HANDLER_BUG)
+    assert server.server_errors()[-1] == "KeyError: 'bucket'"
+    server.mark_log()
+    with server.log_path.open("a") as log:
+        log.write(BROKEN_PIPE)
+    assert "BrokenPipeError: [Errno 32] Broken pipe" in server.server_errors()  # ended

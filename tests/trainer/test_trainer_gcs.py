@@ -303,6 +303,7 @@ def test_sigkill_then_rerun_resumes_from_gs(gcs_tls, dataset, root):
             assert time.monotonic() < deadline, "no checkpoint in the bucket"
             time.sleep(0.2)
     finally:
+        gcs_tls.expect_killed_clients()  # its request in flight ends in a broken pipe
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     assert ".lock" in _names(gcs_tls, model_dir)  # left by the killed run
