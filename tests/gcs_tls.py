@@ -203,13 +203,16 @@ CLIENT_GONE = ("BrokenPipeError", "ConnectionResetError")  # its client was kill
 POLL_SECONDS = 0.2
 
 
+def traceback_end(lines: list[str], at: int) -> int:
+    """The index of the exception line of the traceback starting at ``lines[at]``."""
+    return next((j for j in range(at + 1, len(lines)) if not lines[j].startswith(" ")),
+                len(lines) - 1)
+
+
 def _client_gone(lines: list[str], at: int) -> bool:
     """Whether the traceback starting at ``lines[at]`` ends in `CLIENT_GONE`."""
-    if not lines[at].startswith("Traceback"):
-        return False
-    end = next((j for j in range(at + 1, len(lines)) if not lines[j].startswith(" ")),
-               len(lines) - 1)
-    return lines[end].startswith(CLIENT_GONE)
+    return (lines[at].startswith("Traceback")
+            and lines[traceback_end(lines, at)].startswith(CLIENT_GONE))
 
 
 class GcsTlsServer:

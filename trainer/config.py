@@ -44,6 +44,11 @@ def parse_step_range(text: str) -> tuple[int, int]:
     return start, end
 
 
+def _require(ok: bool, what: str) -> None:
+    if not ok:
+        raise TrainerError(what)
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     data: str = _field("", "pipeline output directory (manifest.json + shards), "
@@ -122,10 +127,7 @@ class TrainConfig:
                                          "(recorded in metrics.json)", flag=False)
 
     def __post_init__(self):
-        def check(ok: bool, what: str):
-            if not ok:
-                raise TrainerError(what)
-
+        check = _require
         check(bool(self.data), "--data is required")
         check(bool(self.model_dir), "--model_dir is required")
         for f in dataclasses.fields(self):
@@ -134,18 +136,7 @@ class TrainConfig:
             check(choices is None or value in choices,
                   f"--{f.name} must be one of {', '.join(map(str, choices or ()))}, "
                   f"not {value!r}")
-        for name in ("epochs", "global_batch_size", "steps_per_execution",
-                     "shuffle_buffer", "log_every", "keep_checkpoints"):
-            check(getattr(self, name) >= 1,
-                  f"--{name} must be >= 1, not {getattr(self, name)}")
-        for name in ("warmup_steps", "cpu_replicas", "checkpoint_every",
-                     "bn_recalibration_examples"):
-            check(getattr(self, name) >= 0,
-                  f"--{name} must be >= 0, not {getattr(self, name)}")
-        check(0 <= self.warmup_epochs < float("inf"),
-              f"--warmup_epochs must be >= 0, not {self.warmup_epochs}")
-        check(0 <= self.label_smoothing < 1,
-              f"--label_smoothing must be >= 0 and < 1, not {self.label_smoothing}")
+        self._check_ranges()
         check(not (self.warmup_steps and self.warmup_epochs),
               "--warmup_steps and --warmup_epochs: give one of them")
         check(self.steps_per_epoch is None or self.steps_per_epoch >= 1,
@@ -169,6 +160,21 @@ class TrainConfig:
         check(self.cpu_replicas == 0 or self.strategy in ("auto", "mirrored"),
               "--cpu_replicas works with --strategy=auto or mirrored, "
               f"not {self.strategy!r}")
+
+    def _check_ranges(self) -> None:
+        """The numeric flags' bounds, one line each for a value outside them."""
+        for name in ("epochs", "global_batch_size", "steps_per_execution",
+                     "shuffle_buffer", "log_every", "keep_checkpoints"):
+            _require(getattr(self, name) >= 1,
+                     f"--{name} must be >= 1, not {getattr(self, name)}")
+        for name in ("warmup_steps", "cpu_replicas", "checkpoint_every",
+                     "bn_recalibration_examples"):
+            _require(getattr(self, name) >= 0,
+                     f"--{name} must be >= 0, not {getattr(self, name)}")
+        _require(0 <= self.warmup_epochs < float("inf"),
+                 f"--warmup_epochs must be >= 0, not {self.warmup_epochs}")
+        _require(0 <= self.label_smoothing < 1,
+                 f"--label_smoothing must be >= 0 and < 1, not {self.label_smoothing}")
 
     def warmup_for(self, total_steps: int) -> int:
         """The warmup in steps, for a run of ``total_steps`` over `epochs` epochs:

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from tests.helpers import EMULATOR_BUCKET, REPO
 from tests.scripts.fake_cloud import FakeCloud
+from tests.gcs_tls import CLIENT_GONE, traceback_end
 
 SCRIPTS = REPO / "scripts"
 FAKE_GCLOUD = Path(__file__).resolve().parent / "fake_gcloud.py"
@@ -37,7 +38,6 @@ TRAINER_ARGS = ["--preset=smoke", "--loop=custom", "--seed=7", "--epochs=3",
                 "--checkpoint_every=6", "--verbose=0"]
 TOTAL_STEPS = 66
 RUN_SECONDS = 240  # one launcher run, a bound for a hung one
-CLIENT_GONE = ("BrokenPipeError", "ConnectionResetError")
 
 
 def write_dataset_to_bucket(server, prefix: str, tmp: Path) -> str:
@@ -85,8 +85,7 @@ class World:
         lines, faults = self._server_log()[self.log_start:], []
         for i, line in enumerate(lines):
             if line.startswith("Traceback"):
-                end = next((j for j in range(i + 1, len(lines))
-                            if not lines[j].startswith(" ")), len(lines) - 1)
+                end = traceback_end(lines, i)
                 if not lines[end].startswith(CLIENT_GONE):
                     faults.append(lines[end])
         return faults + self.server.proxy.refused[self.refused_start:]
