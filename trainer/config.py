@@ -24,7 +24,7 @@ import typing
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from trainer.errors import TrainerError
-from trainer.names import MODELS, OPTIMIZERS, PRECISIONS, SCHEDULES
+from trainer.names import BATCH_NORM_MODELS, MODELS, OPTIMIZERS, PRECISIONS, SCHEDULES
 
 LOOPS = ("keras", "custom")
 STRATEGIES = ("auto", "tpu", "mirrored", "multi_worker", "default")
@@ -83,6 +83,10 @@ class TrainConfig:
     bn_recalibration_examples: int = _field(
         0, "after the last step, recompute batch normalization's statistics over "
            "the first N train examples, unaugmented (0: keep the running averages)")
+    bn_virtual_batch_size: int = _field(
+        0, "batch normalization in training normalizes over groups of N examples of "
+           "each replica's batch (ghost batch norm; 0, or N at least the per-replica "
+           "batch: the whole per-replica batch)")
     strategy: str = _field("auto", "auto: a TPU if there are signs of one, else "
                                    "GPUs, else TF_CONFIG workers, else default",
                            choices=STRATEGIES)
@@ -146,6 +150,9 @@ class TrainConfig:
         check(self.learning_rate > 0 and self.learning_rate < float("inf"),
               f"--learning_rate must be a positive number, not {self.learning_rate}")
         check(self.tpu is None or self.tpu.strip() != "", "--tpu must not be empty")
+        check(not self.bn_virtual_batch_size or self.model in BATCH_NORM_MODELS,
+              f"--bn_virtual_batch_size: --model={self.model} has no batch "
+              f"normalization (models with it: {', '.join(BATCH_NORM_MODELS)})")
         check(self.preset is None or self.preset in PRESETS,
               f"preset must be one of {', '.join(PRESETS)}, not {self.preset!r}")
         if self.profile_steps is not None:
@@ -168,7 +175,7 @@ class TrainConfig:
             _require(getattr(self, name) >= 1,
                      f"--{name} must be >= 1, not {getattr(self, name)}")
         for name in ("warmup_steps", "cpu_replicas", "checkpoint_every",
-                     "bn_recalibration_examples"):
+                     "bn_recalibration_examples", "bn_virtual_batch_size"):
             _require(getattr(self, name) >= 0,
                      f"--{name} must be >= 0, not {getattr(self, name)}")
         _require(0 <= self.warmup_epochs < float("inf"),
@@ -196,6 +203,19 @@ class TrainConfig:
         if self.global_batch_size % replicas:
             raise TrainerError(f"--global_batch_size={self.global_batch_size} does not "
                                f"divide into {replicas} replicas")
+        per_replica = self.global_batch_size // replicas
+        if self.ghost_batch_size(replicas) and per_replica % self.bn_virtual_batch_size:
+            raise TrainerError(
+                f"--bn_virtual_batch_size={self.bn_virtual_batch_size} does not divide "
+                f"the per-replica batch of {per_replica} (--global_batch_size="
+                f"{self.global_batch_size} over {replicas} replicas)")
+
+    def ghost_batch_size(self, replicas: int) -> int:
+        """Batch normalization's group in training: ``--bn_virtual_batch_size``,
+        or 0 (the whole per-replica batch) when that batch is no larger, as on
+        a Pod slice where many replicas share the global batch."""
+        per_replica = self.global_batch_size // replicas
+        return self.bn_virtual_batch_size if self.bn_virtual_batch_size < per_replica else 0
 
 
 # Field values a preset sets; explicit flags (or keyword arguments) win.

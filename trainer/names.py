@@ -6,6 +6,7 @@ lists them without loading it.
 """
 
 MODELS = ("guide", "small", "convnet", "convnet_bn")
+BATCH_NORM_MODELS = ("convnet_bn",)
 OPTIMIZERS = ("adam", "lamb")
 SCHEDULES = ("constant", "cosine")
 PRECISIONS = ("none", "bfloat16")

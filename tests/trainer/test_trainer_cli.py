@@ -370,6 +370,10 @@ def test_bad_flags_are_usage_errors(argv, message, capsys):
     (dict(label_smoothing=float("nan")), "--label_smoothing must be >= 0 and < 1, not nan"),
     (dict(model="huge"),
      "--model must be one of guide, small, convnet, convnet_bn, not 'huge'"),
+    (dict(model="convnet_bn", bn_virtual_batch_size=-1),
+     "--bn_virtual_batch_size must be >= 0, not -1"),
+    (dict(bn_virtual_batch_size=4), "--bn_virtual_batch_size: --model=small has no batch "
+                                    "normalization (models with it: convnet_bn)"),
     (dict(mixed_precision="fp16"), "--mixed_precision must be one of none, bfloat16"),
 ])
 def test_config_checks_once_on_creation(kwargs, message):
@@ -377,6 +381,20 @@ def test_config_checks_once_on_creation(kwargs, message):
         TrainConfig(data="d", model_dir="m", **kwargs)
     with pytest.raises(TrainerError, match="does not divide into 3 replicas"):
         TrainConfig(data="d", model_dir="m", global_batch_size=8).check_replicas(3)
+
+
+def test_ghost_batches_must_divide_each_replicas_batch():
+    config = TrainConfig(data="d", model_dir="m", model="convnet_bn", global_batch_size=48,
+                         bn_virtual_batch_size=8)
+    config.check_replicas(3)  # 16 a replica: two ghost batches of 8
+    assert config.ghost_batch_size(3) == 8
+    config.check_replicas(6)  # 8 a replica: the whole of it, as without the flag
+    config.check_replicas(12)
+    assert config.ghost_batch_size(6) == config.ghost_batch_size(12) == 0
+    with pytest.raises(TrainerError, match=re.escape(
+            "--bn_virtual_batch_size=8 does not divide the per-replica batch of 12 "
+            "(--global_batch_size=48 over 4 replicas)")):
+        config.check_replicas(4)
 
 
 # Real processes: the TPU probe changes process-wide TF state, and these show

@@ -13,7 +13,8 @@ arrays; both loops resume at the saved step; outputs land in model_dir.
 Then, in the same process (so a second model under the same devices is
 covered too), the CPU recipe (convnet_bn + augmentation + warmup/cosine
 schedule) learns real digits in both loops, and its export's accuracy on raw
-pixels equals the trainer's; so does the tpu preset, in bfloat16.
+pixels equals the trainer's; so does the tpu preset, in bfloat16 with ghost
+batch normalization, and its export serves a single digit.
 """
 
 from __future__ import annotations
@@ -128,15 +129,24 @@ SCRIPT = textwrap.dedent(r'''
         results["recipe_" + loop] = m
     # The tpu preset as it is (convnet_bn and LAMB in bfloat16, in-memory
     # input, a 2-epoch warmup, batch-norm recalibration), at a batch and
-    # learning rate these 640 digits allow.
+    # learning rate these 640 digits allow, with ghost batches of 8 of each
+    # replica's 16.
     from trainer.config import from_preset
     m = train_and_evaluate(from_preset(
         "tpu", data=tmp + "/digits", model_dir=tmp + "/recipe_tpu", learning_rate=5e-3,
         epochs=5, global_batch_size=32, steps_per_execution=5, cpu_replicas=2, verbose=0,
-        seed=0, log_every=20))
+        seed=0, log_every=20, bn_virtual_batch_size=8))
     export = keras.models.load_model(tmp + "/recipe_tpu/export")
-    m["export_correct"] = int((export.predict(test[0], verbose=0).argmax(-1) == test[1]).sum())
+    m["export_classes"] = export.predict(test[0], verbose=0).argmax(-1).tolist()
+    m["export_correct"] = int((np.array(m["export_classes"]) == test[1]).sum())
+    m["export_one"] = export.predict(test[0][:1], verbose=0).argmax(-1).tolist()
     m["export_dtypes"] = sorted({l.compute_dtype for l in export.layers if l.weights})
+    m["export_ghost"] = sorted({str(l.virtual_batch_size) for l in export.submodules
+                                if isinstance(l, keras.layers.BatchNormalization)})
+    checkpoint = tf.train.latest_checkpoint(tmp + "/recipe_tpu/checkpoints")
+    m["checkpoint_bn_shapes"] = sorted({tuple(shape) for name, shape in
+                                        tf.train.list_variables(checkpoint)
+                                        if "moving_mean" in name})
     results["recipe_tpu"] = m
     print("RESULTS " + json.dumps(results))
 ''')
@@ -238,6 +248,12 @@ def test_the_tpu_preset_learns_in_bfloat16_on_two_replicas(results):
     # bfloat16 sums in another order in the export's batches: a digit may flip.
     assert abs(m["export_correct"] - m["test_accuracy"] * m["test_examples"]) <= 2
     assert "bfloat16" in m["export_dtypes"]
+    # Trained with ghost batches (Keras keeps their statistics as
+    # [1, 1, 1, 1, channels]); exported as plain batch normalization, which
+    # serves one digit at a time.
+    assert m["checkpoint_bn_shapes"] == [[1, 1, 1, 1, 32], [1, 1, 1, 1, 64]]
+    assert m["export_ghost"] == ["None"]
+    assert m["export_one"] == [m["export_classes"][0]]
     # Its batch-norm statistics recomputed once, before the last evaluation
     # and the export: 10,000 examples asked, the 640 of one pass given.
     recalibrated = [line.rsplit(" in ", 1)[0] for line in results["stdout"].splitlines()

@@ -57,6 +57,26 @@ def test_export_loads_without_custom_objects(exported):
     assert accuracy == pytest.approx(float((logits.argmax(-1) == labels).mean()))
 
 
+def test_a_ghost_batch_norm_model_exports_as_plain_batch_norm(tmp_path):
+    """tf-keras cannot load a SavedModel of its ghost batch-norm layers; the
+    export holds plain ones with the same values, which answer the same."""
+    images, labels = real_digits(32)
+    images = images[..., None]
+    keras.utils.set_random_seed(1)
+    config = TrainConfig(data="unused", model_dir="unused", model="convnet_bn",
+                         bn_virtual_batch_size=4, steps_per_execution=1)
+    model, _ = model_lib.build(config, tf.distribute.get_strategy(), total_steps=4)
+    model.fit(images.astype(np.float32) / 255.0, labels, batch_size=8, epochs=1, verbose=0)
+    export.export_model(model, str(tmp_path / "export"))
+    loaded = keras.models.load_model(str(tmp_path / "export"))
+    bn = [l for l in loaded.layers if isinstance(l, keras.layers.BatchNormalization)]
+    assert len(bn) == 4 and {l.virtual_batch_size for l in bn} == {None}
+    expected = model.predict(images.astype(np.float32) / 255.0, verbose=0)
+    np.testing.assert_allclose(loaded.predict(images, verbose=0), expected, atol=1e-5)
+    served = loaded.signatures["serving_default"](images=tf.constant(images[:1, ..., 0]))
+    assert served["class"].numpy().tolist() == [expected[0].argmax()]
+
+
 def test_signature_takes_raw_pixels_in_both_shapes(exported):
     model, model_dir, images, labels = exported
     serve = tf.saved_model.load(f"{model_dir}/export").signatures["serving_default"]

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from trainer.config import TrainConfig
+from trainer.errors import TrainerError
+from trainer.run import resume
+
 # model_dir, trained: the shared fixtures.
 from tests.trainer.trainer_runs import one_error, run
 from tests.trainer_data import read_metrics
@@ -34,6 +38,21 @@ def test_a_setting_that_defines_the_run_cannot_change(trained, model_dir, capsys
     assert one_error(capsys) == (
         f"error: {name}={value}: {model_dir} was trained with {saved}; resume with "
         f"{name}={saved} or use another --model_dir")
+
+
+def test_the_ghost_batch_size_cannot_change():
+    """``--bn_virtual_batch_size`` changes what the trained weights expect of
+    their inputs' normalization, so it is fixed like the model."""
+    before = TrainConfig(data="d", model_dir="m", model="convnet_bn",
+                                    bn_virtual_batch_size=32)
+    saved = {"settings": resume.saved_settings(before, steps_per_epoch=4)}
+    resume.check_settings(saved, before, 4, step=4, directory="m/checkpoints")
+    after = TrainConfig(data="d", model_dir="m", model="convnet_bn")
+    with pytest.raises(TrainerError) as error:
+        resume.check_settings(saved, after, 4, step=4, directory="m/checkpoints")
+    assert str(error.value) == (
+        "--bn_virtual_batch_size=0: m was trained with 32; resume with "
+        "--bn_virtual_batch_size=32 or use another --model_dir")
 
 
 def test_fewer_epochs_than_trained_is_refused(trained, model_dir, capsys):

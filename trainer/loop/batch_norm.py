@@ -52,13 +52,14 @@ class Recalibrator:
     def __call__(self) -> None:
         for layer in self.layers:
             mean, variance = self._statistics(layer)
-            layer.moving_mean.assign(mean)
-            layer.moving_variance.assign(variance)
+            # Ghost batch norm keeps them as [1, 1, ..., channels].
+            layer.moving_mean.assign(tf.reshape(mean, layer.moving_mean.shape))
+            layer.moving_variance.assign(tf.reshape(variance, layer.moving_variance.shape))
 
     def _statistics(self, layer: keras.layers.BatchNormalization):
         """The mean and variance of ``layer``'s inputs over the sample, per channel."""
         probe = keras.Model(self.model.inputs, layer.input)
-        channels = layer.moving_mean.shape
+        channels = layer.moving_mean.shape[-1:]
         with self.strategy.scope():
             sums = [keras.metrics.MeanTensor(shape=channels) for _ in range(3)]
         run = tf.function(self._pass(probe, sums))

@@ -52,17 +52,35 @@ def _strategy_of(model: keras.Model) -> tf.distribute.Strategy:
 
 
 def inference_model(model: keras.Model) -> keras.Model:
-    """uint8 images → logits, sharing ``model``'s layers (and so its weights)."""
+    """uint8 images → logits, sharing ``model``'s layers (and so its weights;
+    a ghost batch-norm layer's values are copied, `_at_inference`)."""
     images = keras.Input(shape=contract.IMAGE_SHAPE, dtype="uint8", name="image")
     x = keras.layers.Normalization(mean=0.0, variance=255.0 ** 2, dtype="float32",
                                    name="pixels_to_unit")(images)
     if isinstance(model, keras.Sequential):
         for layer in model.layers:  # those that act only in training are left out
             if not isinstance(layer, (RandomAffine, StepDropout)):
-                x = layer(x)
+                x = _at_inference(layer)(x)
     else:  # a functional or subclassed model runs whole, in inference mode
         x = model(x, training=False)
     return keras.Model(images, x, name=f"{model.name}_serving")
+
+
+def _at_inference(layer: keras.layers.Layer) -> keras.layers.Layer:
+    """``layer``, or for a ghost batch-norm layer (``virtual_batch_size``) a
+    plain one holding its current values, which computes the same at inference.
+
+    tf-keras 2.20.1 and 2.21.0 save a built ghost layer's ``axis`` shifted by
+    the reshape it does in training (4 for 4-D images), and loading that
+    SavedModel fails ("Invalid value for `axis` argument").
+    """
+    if not (isinstance(layer, keras.layers.BatchNormalization) and layer.virtual_batch_size):
+        return layer
+    config = {**layer.get_config(), "axis": -1, "virtual_batch_size": None}
+    plain = keras.layers.BatchNormalization.from_config(config)
+    plain.build(layer.input_shape)
+    plain.set_weights([tf.reshape(w, [-1]).numpy() for w in layer.get_weights()])
+    return plain
 
 
 def serving_fn(model: keras.Model) -> tf.types.experimental.GenericFunction:
