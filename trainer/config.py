@@ -273,14 +273,18 @@ def from_preset(preset: str = DEFAULT_PRESET, *,
                 **values: Any) -> TrainConfig:
     """A config from a preset's values, overridden by ``values``.
 
-    For ``auto``, ``on_tpu`` answers for the config of ``values`` alone
-    (their strategy fields are the run's: no preset sets them).
+    For ``auto``, ``on_tpu`` answers for ``values`` over the ``cpu`` preset,
+    the answer off a TPU (their strategy fields are the run's: no preset sets
+    them), so bad values are refused before a TPU is probed; a flag that
+    needs a preset's field (``--bn_virtual_batch_size`` needs
+    ``convnet_bn``) is checked against a preset, not the bare defaults.
     """
     if preset not in PRESET_CHOICES:
         raise TrainerError(f"--preset must be one of {', '.join(PRESET_CHOICES)}, "
                            f"not {preset!r}")
     if preset == AUTO_PRESET:
-        preset = resolve_preset(preset, on_tpu(TrainConfig(**values)))
+        off_tpu = TrainConfig(**{**_preset_values("cpu", values), **values})
+        preset = resolve_preset(preset, on_tpu(off_tpu))
     return TrainConfig(**{**_preset_values(preset, values), **values, "preset": preset})
 
 

@@ -383,6 +383,19 @@ def test_config_checks_once_on_creation(kwargs, message):
         TrainConfig(data="d", model_dir="m", global_batch_size=8).check_replicas(3)
 
 
+@pytest.mark.parametrize("on_tpu, preset", [(False, "cpu"), (True, "tpu")])
+def test_ghost_batches_are_a_flag_of_either_auto_preset(on_tpu, preset):
+    """Both presets auto settles on train convnet_bn: the flag is checked
+    against them, not against the bare defaults' model (small)."""
+    config = config_lib.parse_flags(["--data=d", "--model_dir=m", "--bn_virtual_batch_size=32"],
+                             on_tpu=lambda flags: on_tpu)
+    assert (config.preset, config.model, config.bn_virtual_batch_size) == (
+        preset, "convnet_bn", 32)
+    with pytest.raises(TrainerError, match="--model=small has no batch normalization"):
+        config_lib.parse_flags(["--data=d", "--model_dir=m", "--model=small",
+                         "--bn_virtual_batch_size=32"], on_tpu=lambda flags: on_tpu)
+
+
 def test_ghost_batches_must_divide_each_replicas_batch():
     config = TrainConfig(data="d", model_dir="m", model="convnet_bn", global_batch_size=48,
                          bn_virtual_batch_size=8)
