@@ -204,7 +204,8 @@ class TrainConfig:
             raise TrainerError(f"--global_batch_size={self.global_batch_size} does not "
                                f"divide into {replicas} replicas")
         per_replica = self.global_batch_size // replicas
-        if self.ghost_batch_size(replicas) and per_replica % self.bn_virtual_batch_size:
+        ghost = self.ghost_batch_size(replicas)
+        if ghost and per_replica % ghost:
             raise TrainerError(
                 f"--bn_virtual_batch_size={self.bn_virtual_batch_size} does not divide "
                 f"the per-replica batch of {per_replica} (--global_batch_size="

@@ -87,7 +87,7 @@ def _check_inputs(config: TrainConfig, strategy: tf.distribute.Strategy,
              test_files.num_examples, spe, config.global_batch_size,
              config.global_batch_size // replicas, config.global_batch_size // hosts,
              hosts)
-    if config.ghost_batch_size(replicas):
-        log.info("batch normalization in training: ghost batches of %d",
-                 config.ghost_batch_size(replicas))
+    ghost = config.ghost_batch_size(replicas)
+    if ghost:
+        log.info("batch normalization in training: ghost batches of %d", ghost)
     return spe

@@ -79,7 +79,7 @@ def _at_inference(layer: keras.layers.Layer) -> keras.layers.Layer:
     config = {**layer.get_config(), "axis": -1, "virtual_batch_size": None}
     plain = keras.layers.BatchNormalization.from_config(config)
     plain.build(layer.input_shape)
-    plain.set_weights([tf.reshape(w, [-1]).numpy() for w in layer.get_weights()])
+    plain.set_weights([w.reshape(-1) for w in layer.get_weights()])
     return plain
 
 
