@@ -38,6 +38,15 @@ STOCKOUT = ("ERROR: (gcloud.compute.tpus.tpu-vm.create) RESOURCE_EXHAUSTED: "
             "another zone where Cloud TPU Nodes are offered")
 
 
+def _read_if_there(path: Path) -> str | None:
+    """A VM file's text, or None once the VM is gone: tests read the cloud
+    without its lock while the launcher deletes VMs."""
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        return None
+
+
 class FakeCloud:
     """The folder's state, for the fake gcloud and for tests."""
 
@@ -125,15 +134,13 @@ class FakeCloud:
         return self.root / "vms" / name
 
     def state(self, name: str) -> str | None:
-        path = self.vm_dir(name) / "state"
-        return path.read_text().strip() if path.exists() else None
+        return _read_if_there(self.vm_dir(name) / "state")
 
     def set_state(self, name: str, state: str) -> None:
         (self.vm_dir(name) / "state").write_text(state + "\n")
 
     def vm_id(self, name: str) -> str | None:
-        path = self.vm_dir(name) / "id"
-        return path.read_text().strip() if path.exists() else None
+        return _read_if_there(self.vm_dir(name) / "id")
 
     def vms(self) -> dict[str, str]:
         """Name -> state of every VM that exists."""

@@ -167,6 +167,12 @@ class Chaos(threading.Thread):
         self.error: str = ""
 
     def run(self) -> None:
+        try:
+            self._preempt_on_schedule()
+        except Exception as e:  # noqa: BLE001 - reported by the test, not lost in a thread
+            self.error = f"{type(e).__name__}: {e}"
+
+    def _preempt_on_schedule(self) -> None:
         deadline = time.monotonic() + self.timeout
         for trigger in self.schedule:
             while not self._fired(trigger):
@@ -192,8 +198,10 @@ class Chaos(threading.Thread):
 
     def _host_log_has(self, vm_id: str, text: str) -> bool:
         home = self.world.vm_home()
-        log = home / "host.log" if home else None
-        return bool(log and log.exists() and text in log.read_text())
+        try:
+            return bool(home and text in (home / "host.log").read_text())
+        except FileNotFoundError:  # not written yet, or the VM just deleted
+            return False
 
 
 def random_schedule(seed: int) -> list[tuple]:

@@ -75,6 +75,7 @@ def test_max_recoveries_reached_ends_the_run_and_deletes_the_vm(world):
     chaos.start()
     proc = world.launch(world.argv("max", "--max_recoveries=1"))
     chaos.join(timeout=10)
+    assert not chaos.error, chaos.error
     assert proc.returncode == 75, proc.stdout + proc.stderr[-3000:]
     assert kinds(world).count("preempted") == 1
     assert kinds(world)[-2:] == ["gave up", "summary"]
