@@ -28,17 +28,26 @@ from trainer.model import augment, export, models as model_lib, optimizer as opt
 from trainer.run import outputs
 
 
+def _briefly_trained(examples: int, seed: int, **flags):
+    """A model built and compiled as the trainer does from ``flags``, trained
+    one epoch in batches of 8 on ``examples`` real digits; the model and the
+    digits ([N,28,28,1] uint8) with their labels."""
+    images, labels = real_digits(examples)
+    images = images[..., None]
+    keras.utils.set_random_seed(seed)
+    config = TrainConfig(data="unused", model_dir="unused", steps_per_execution=1, **flags)
+    model, _ = model_lib.build(config, tf.distribute.get_strategy(),
+                               total_steps=examples // 8)
+    model.fit(images.astype(np.float32) / 255.0, labels, batch_size=8, epochs=1, verbose=0)
+    return model, images, labels
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     """An augmented convnet, built and compiled as the trainer does, briefly
     trained on real digits, and its export."""
-    images, labels = real_digits(64)
-    images = images[..., None]
-    keras.utils.set_random_seed(0)
-    config = TrainConfig(data="unused", model_dir="unused", model="convnet", augment=True,
-                         lr_schedule="cosine", warmup_steps=2, steps_per_execution=1)
-    model, _ = model_lib.build(config, tf.distribute.get_strategy(), total_steps=8)
-    model.fit(images.astype(np.float32) / 255.0, labels, batch_size=8, epochs=1, verbose=0)
+    model, images, labels = _briefly_trained(64, seed=0, model="convnet", augment=True,
+                                             lr_schedule="cosine", warmup_steps=2)
     model_dir = tmp_path_factory.mktemp("export")
     staged = outputs.staging_dir(str(model_dir), "fixture")
     export.export_model(model, staged)  # committed as the trainer does: predict checks it
@@ -60,13 +69,8 @@ def test_export_loads_without_custom_objects(exported):
 def test_a_ghost_batch_norm_model_exports_as_plain_batch_norm(tmp_path):
     """tf-keras cannot load a SavedModel of its ghost batch-norm layers; the
     export holds plain ones with the same values, which answer the same."""
-    images, labels = real_digits(32)
-    images = images[..., None]
-    keras.utils.set_random_seed(1)
-    config = TrainConfig(data="unused", model_dir="unused", model="convnet_bn",
-                         bn_virtual_batch_size=4, steps_per_execution=1)
-    model, _ = model_lib.build(config, tf.distribute.get_strategy(), total_steps=4)
-    model.fit(images.astype(np.float32) / 255.0, labels, batch_size=8, epochs=1, verbose=0)
+    model, images, labels = _briefly_trained(32, seed=1, model="convnet_bn",
+                                             bn_virtual_batch_size=4)
     export.export_model(model, str(tmp_path / "export"))
     loaded = keras.models.load_model(str(tmp_path / "export"))
     bn = [l for l in loaded.layers if isinstance(l, keras.layers.BatchNormalization)]
