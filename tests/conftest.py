@@ -67,7 +67,7 @@ def gcs_tls(gcs_tls_server):
     refused = len(gcs_tls_server.proxy.refused)
     gcs_tls_server.mark_log()
     yield gcs_tls_server
-    assert gcs_tls_server.server_errors() == []
+    assert gcs_tls_server.server_errors(settle=10) == []
     assert gcs_tls_server.proxy.refused[refused:] == []
 
 

@@ -203,16 +203,25 @@ CLIENT_GONE = ("BrokenPipeError", "ConnectionResetError")  # its client was kill
 POLL_SECONDS = 0.2
 
 
-def traceback_end(lines: list[str], at: int) -> int:
-    """The index of the exception line of the traceback starting at ``lines[at]``."""
-    return next((j for j in range(at + 1, len(lines)) if not lines[j].startswith(" ")),
-                len(lines) - 1)
+def traceback_end(lines: list[str], at: int) -> int | None:
+    """The index of the exception line of the traceback starting at
+    ``lines[at]``; None while the server is still writing it."""
+    return next((j for j in range(at + 1, len(lines)) if not lines[j].startswith(" ")), None)
 
 
-def _client_gone(lines: list[str], at: int) -> bool:
-    """Whether the traceback starting at ``lines[at]`` ends in `CLIENT_GONE`."""
-    return (lines[at].startswith("Traceback")
-            and lines[traceback_end(lines, at)].startswith(CLIENT_GONE))
+def read_log(path: Path, settle: float = 0.0) -> list[str]:
+    """The server log's complete lines (not one still being written). With
+    ``settle``, waits up to that many seconds for a traceback the server is
+    still writing (a client killed a moment ago) to get its exception line."""
+    deadline = time.monotonic() + settle
+    while True:
+        text = path.read_text(errors="replace")
+        lines = text[:text.rfind("\n") + 1].splitlines()
+        starts = [i for i, line in enumerate(lines) if line.startswith("Traceback")]
+        if (not starts or traceback_end(lines, starts[-1]) is not None
+                or time.monotonic() > deadline):
+            return lines
+        time.sleep(0.05)
 
 
 class GcsTlsServer:
@@ -270,7 +279,7 @@ class GcsTlsServer:
         """What the server logged so far belongs to earlier tests (the server
         lives for the session; a test that kills clients mid-request leaves
         broken pipes in its log)."""
-        self.log_start = len(self.log_path.read_text(errors="replace").splitlines())
+        self.log_start = len(read_log(self.log_path))
         self.clients_killed = False
 
     def expect_killed_clients(self) -> None:
@@ -278,14 +287,24 @@ class GcsTlsServer:
         client went away (a test killed it mid-request) is not a server error."""
         self.clients_killed = True
 
-    def server_errors(self) -> list[str]:
+    def server_errors(self, settle: float = 0.0) -> list[str]:
         """The first handler exception in the server's log since `mark_log`
-        and the 40 lines from there (its traceback); [] while there is none."""
-        lines = self.log_path.read_text(errors="replace").splitlines()[self.log_start:]
+        and the 40 lines from there (its traceback); [] while there is none.
+
+        A traceback still being written while clients are expected to be
+        killed is decided once it is whole (``settle``: how long to wait).
+        """
+        lines = read_log(self.log_path, settle)[self.log_start:]
         for i, line in enumerate(lines):
-            if any(marker in line for marker in HANDLER_FAILURES):
-                if not (self.clients_killed and _client_gone(lines, i)):
-                    return lines[i:i + 40]
+            if not any(marker in line for marker in HANDLER_FAILURES):
+                continue
+            if self.clients_killed and line.startswith("Traceback"):
+                end = traceback_end(lines, i)
+                if end is None and not settle:
+                    break  # still being written: decided at the next look
+                if end is not None and lines[end].startswith(CLIENT_GONE):
+                    continue
+            return lines[i:i + 40]
         return []
 
     def run(self, args: list[str], timeout: float, extra_env: dict[str, str] | None = None,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import socket
 import sys
+import threading
 import time
 import uuid
 
@@ -221,3 +222,20 @@ def test_a_killed_clients_broken_pipe_is_forgiven_only_when_expected(tmp_path):
     with server.log_path.open("a") as log:
         log.write(BROKEN_PIPE)
     assert "BrokenPipeError: [Errno 32] Broken pipe" in server.server_errors()  # ended
+
+
+def test_a_broken_pipe_still_being_written_is_judged_once_whole(tmp_path):
+    """The server writes a traceback line by line: read before its exception
+    line (a client killed a moment ago), it is neither forgiven nor blamed
+    yet; waited for, it is judged whole; never finished, it is an error."""
+    server = GcsTlsServer(tmp_path)  # not started: its log is written here
+    server.expect_killed_clients()
+    unfinished = BROKEN_PIPE[:BROKEN_PIPE.index("BrokenPipeError")]
+    server.log_path.write_text(unfinished + "BrokenPi")  # mid-line, too
+    assert server.server_errors() == []  # decided at the next look
+    finish = threading.Timer(0.3, lambda: server.log_path.write_text(BROKEN_PIPE))
+    finish.start()
+    assert server.server_errors(settle=10) == []
+    server.log_path.write_text(BROKEN_PIPE + HANDLER_BUG[:-len("KeyError: 'bucket'\n")])
+    assert server.server_errors() == []
+    assert server.server_errors(settle=0.2)[0] == "Traceback (most recent call last):"

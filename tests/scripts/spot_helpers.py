@@ -26,7 +26,7 @@ from pathlib import Path
 
 from tests.helpers import EMULATOR_BUCKET, REPO
 from tests.scripts.fake_cloud import FakeCloud
-from tests.gcs_tls import CLIENT_GONE, traceback_end
+from tests.gcs_tls import CLIENT_GONE, read_log, traceback_end
 
 SCRIPTS = REPO / "scripts"
 FAKE_GCLOUD = Path(__file__).resolve().parent / "fake_gcloud.py"
@@ -72,21 +72,20 @@ class World:
                     "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
         self.env.pop("PYTHONPATH", None)
         self.run_id = uuid.uuid4().hex[:8]
-        self.log_start = len(self._server_log())
+        self.log_start = len(read_log(self.server.log_path))
         self.refused_start = len(self.server.proxy.refused)
-
-    def _server_log(self) -> list[str]:
-        return self.server.log_path.read_text(errors="replace").splitlines()
 
     def server_faults(self) -> list[str]:
         """The server's handler exceptions since this world began, but for
         a client gone mid-request (a VM's processes killed), and the hosts
         the proxy refused."""
-        lines, faults = self._server_log()[self.log_start:], []
+        lines, faults = read_log(self.server.log_path, settle=10)[self.log_start:], []
         for i, line in enumerate(lines):
             if line.startswith("Traceback"):
                 end = traceback_end(lines, i)
-                if not lines[end].startswith(CLIENT_GONE):
+                if end is None:
+                    faults.append(f"a traceback left unfinished: {lines[-1]}")
+                elif not lines[end].startswith(CLIENT_GONE):
                     faults.append(lines[end])
         return faults + self.server.proxy.refused[self.refused_start:]
 
