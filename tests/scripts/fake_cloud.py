@@ -21,6 +21,7 @@ fail as an unreachable host would (255).
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -148,7 +149,10 @@ class FakeCloud:
 
     def new_vm(self, name: str) -> str:
         """A VM folder in state CREATING (caller holds the lock); its id."""
-        vm_id = f"vm-{len([r for r in self.history() if r['event'] == 'create']) + 1}"
+        # Unique across clouds: its processes are found (and killed) by it,
+        # while other tests' fake clouds run VMs on the same machine.
+        cloud = hashlib.sha256(str(self.root.resolve()).encode()).hexdigest()[:8]
+        vm_id = f"vm-{len([r for r in self.history() if r['event'] == 'create']) + 1}-{cloud}"
         folder = self.vm_dir(name)
         (folder / "home").mkdir(parents=True)
         (folder / "bin").mkdir()
