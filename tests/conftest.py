@@ -13,12 +13,15 @@ import signal
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
-# The commands keep a SIGHUP that their parent ignores (as under nohup: the
-# user asked for hangups to be ignored; `test_trainer_signals.py` checks it).
-# A suite started under nohup would hand that ignore to every process it
-# starts, and the tests of what a hangup does would see none; the suite's
-# processes start with the default action instead.
+# The commands keep a SIGHUP or SIGINT that their parent ignores (as under
+# nohup, or for a job a non-interactive shell puts in the background: the
+# user asked for those signals to be ignored; `test_trainer_signals.py`
+# checks it). A suite started that way would hand the ignore to every
+# process it starts, and the tests of what a hangup or a Ctrl-C does would
+# see none; the suite's processes start with the default actions instead.
 signal.signal(signal.SIGHUP, signal.SIG_DFL)
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 import pytest  # noqa: E402
 
