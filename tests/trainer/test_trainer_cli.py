@@ -235,7 +235,7 @@ def test_every_field_is_a_flag_and_help_shows_its_default(capsys):
             "learning_rate=0.002, lr_schedule=cosine, warmup_steps=31, epochs=20, "
             "global_batch_size=128, bn_recalibration_examples=10000; tpu: "
             "model=convnet_bn, augment=true, optimizer=lamb, "
-            "learning_rate=0.02, lr_schedule=cosine, warmup_epochs=2.0, epochs=20, "
+            "learning_rate=0.02, dropout=0.25, lr_schedule=cosine, warmup_epochs=2.0, epochs=20, "
             "global_batch_size=1024, mixed_precision=bfloat16, steps_per_execution=50, "
             "cache=true, bn_recalibration_examples=10000; guide: model=guide, "
             "global_batch_size=1024, "
@@ -274,14 +274,15 @@ def test_presets_and_explicit_flags_override_them():
 
 def test_tpu_recipe_is_the_cpu_one_at_its_batch_with_lamb():
     """tpu = cpu's model and schedule at 8x the batch, with LAMB, its learning
-    rate and a warmup of 2 epochs, measured at batch 1024 on all of MNIST
-    (docs/benchmarks.md)."""
+    rate, a warmup of 2 epochs and dropout 0.25, measured at batch 1024 on all
+    of MNIST (docs/benchmarks.md)."""
     cpu, tpu = config_lib.PRESETS["cpu"], config_lib.PRESETS["tpu"]
     assert tpu["global_batch_size"] == 8 * cpu["global_batch_size"]
     assert (tpu["optimizer"], tpu["learning_rate"]) == ("lamb", 2e-2)
     assert (tpu["warmup_epochs"], "warmup_steps" in tpu) == (2.0, False)
+    assert (tpu["dropout"], "dropout" in cpu) == (0.25, False)
     assert {k: v for k, v in tpu.items() if k not in (
-        "optimizer", "learning_rate", "warmup_epochs", "global_batch_size",
+        "optimizer", "learning_rate", "warmup_epochs", "dropout", "global_batch_size",
         "mixed_precision", "steps_per_execution", "cache")} == {
         k: v for k, v in cpu.items() if k not in (
             "learning_rate", "warmup_steps", "global_batch_size")}
@@ -367,6 +368,8 @@ def test_bad_flags_are_usage_errors(argv, message, capsys):
     (dict(warmup_steps=3, warmup_epochs=1.0),
      "--warmup_steps and --warmup_epochs: give one of them"),
     (dict(label_smoothing=1.0), "--label_smoothing must be >= 0 and < 1, not 1.0"),
+    (dict(dropout=1.0), "--dropout must be >= 0 and < 1, not 1.0"),
+    (dict(dropout=-0.1), "--dropout must be >= 0 and < 1, not -0.1"),
     (dict(label_smoothing=float("nan")), "--label_smoothing must be >= 0 and < 1, not nan"),
     (dict(model="huge"),
      "--model must be one of guide, small, convnet, convnet_bn, not 'huge'"),

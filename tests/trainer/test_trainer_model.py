@@ -6,8 +6,10 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
+from trainer.config import TrainConfig
 from trainer.errors import TrainerError
 from trainer.model import models as model_lib
+from trainer.model.dropout import StepDropout
 
 
 def test_models():
@@ -22,6 +24,15 @@ def test_models():
     assert small.count_params() < guide.count_params() / 20
     with pytest.raises(TrainerError):
         model_lib.build_model("huge")
+
+
+@pytest.mark.parametrize("name", ["convnet", "convnet_bn"])
+@pytest.mark.parametrize("flags, rate", [({}, 0.4), ({"dropout": 0.25}, 0.25)])
+def test_dropout_flag_sets_both_dropout_layers(name, flags, rate):
+    """``--dropout`` reaches the model the trainer builds (`build`); 0.4 by default."""
+    config = TrainConfig(data="d", model_dir="m", model=name, **flags)
+    model, _ = model_lib.build(config, tf.distribute.get_strategy(), total_steps=10)
+    assert [l.rate for l in model.layers if isinstance(l, StepDropout)] == [rate, rate]
 
 
 def test_bfloat16_policy_keeps_logits_float32():

@@ -82,7 +82,8 @@ def _guide_layers(name: str) -> list[keras.layers.Layer]:
     ]
 
 
-def _convnet_layers(step: Optional[Callable[[], tf.Tensor]]) -> list[keras.layers.Layer]:
+def _convnet_layers(step: Optional[Callable[[], tf.Tensor]],
+                    dropout: float) -> list[keras.layers.Layer]:
     """The classic Keras MNIST convnet (conv 32, pool, conv 64, pool, dropout)
     with a dense layer of 128 before the classifier: 0.23M parameters. The
     dropout masks follow the step (`trainer.model.dropout`)."""
@@ -90,14 +91,15 @@ def _convnet_layers(step: Optional[Callable[[], tf.Tensor]]) -> list[keras.layer
         keras.layers.Conv2D(32, 3, activation="relu"), keras.layers.MaxPooling2D(),
         keras.layers.Conv2D(64, 3, activation="relu"), keras.layers.MaxPooling2D(),
         keras.layers.Flatten(),
-        StepDropout(0.4, step=step),
+        StepDropout(dropout, step=step),
         keras.layers.Dense(128, activation="relu"),
-        StepDropout(0.4, step=step),
+        StepDropout(dropout, step=step),
         keras.layers.Dense(contract.NUM_CLASSES, dtype="float32", name="logits"),
     ]
 
 
 def _convnet_bn_layers(step: Optional[Callable[[], tf.Tensor]],
+                       dropout: float,
                        virtual_batch_size: Optional[int] = None) -> list[keras.layers.Layer]:
     """Two pairs of 3x3 convs (32, 64) with batch normalization, each pair
     pooled, then a dense layer of 128 before the classifier.
@@ -121,16 +123,16 @@ def _convnet_bn_layers(step: Optional[Callable[[], tf.Tensor]],
         *conv(32), *conv(32), keras.layers.MaxPooling2D(),
         *conv(64), *conv(64), keras.layers.MaxPooling2D(),
         keras.layers.Flatten(),
-        StepDropout(0.4, step=step),
+        StepDropout(dropout, step=step),
         keras.layers.Dense(128, activation="relu"),
-        StepDropout(0.4, step=step),
+        StepDropout(dropout, step=step),
         keras.layers.Dense(contract.NUM_CLASSES, dtype="float32", name="logits"),
     ]
 
 
 def build_model(name: str = "small", *, augment: bool = False,
                 step: Optional[Callable[[], tf.Tensor]] = None,
-                bn_virtual_batch_size: int = 0) -> keras.Model:
+                bn_virtual_batch_size: int = 0, dropout: float = 0.4) -> keras.Model:
     """An uncompiled model from [0, 1] float images to float32 logits.
 
     ``augment`` puts a `RandomAffine` layer first: random rotations (±10°),
@@ -138,13 +140,15 @@ def build_model(name: str = "small", *, augment: bool = False,
     ``step`` gives the global step the dropout masks follow (`build`: the
     optimizer's); without it dropout is Keras' own.
     ``bn_virtual_batch_size`` (0: off) is ``convnet_bn``'s ghost batch size.
+    ``dropout`` is the rate of ``convnet``'s and ``convnet_bn``'s two dropout
+    layers (``guide`` and ``small`` have none).
     """
     if name not in MODELS:
         raise TrainerError(f"unknown --model {name!r} (have {list(MODELS)})")
     if name == "convnet":
-        body = _convnet_layers(step)
+        body = _convnet_layers(step, dropout)
     elif name == "convnet_bn":
-        body = _convnet_bn_layers(step, bn_virtual_batch_size or None)
+        body = _convnet_bn_layers(step, dropout, bn_virtual_batch_size or None)
     else:
         body = _guide_layers(name)
     head = [RandomAffine(name="augment")] if augment else []
@@ -166,7 +170,7 @@ def build(config: TrainConfig, strategy: tf.distribute.Strategy,
                                    total_steps, config.warmup_for(total_steps),
                                    config.optimizer)
         model = build_model(config.model, augment=config.augment,
-                            step=lambda: optimizer.iterations,
+                            step=lambda: optimizer.iterations, dropout=config.dropout,
                             bn_virtual_batch_size=config.ghost_batch_size(
                                 strategy.num_replicas_in_sync))
         optimizer.build(model.trainable_variables)
