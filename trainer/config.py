@@ -78,6 +78,8 @@ class TrainConfig:
     warmup_steps: int = _field(0, "linear warm-up from 0 over this many steps")
     warmup_epochs: float = _field(0.0, "linear warm-up from 0 over this many epochs "
                                        "(instead of --warmup_steps)")
+    weight_decay: float = _field(0.0, "decoupled weight decay of the kernels (AdamW; "
+                                      "LAMB's lambda): 0 is none")
     dropout: float = _field(0.4, "rate of the two dropout layers of convnet and "
                                  "convnet_bn (the other models have none)")
     label_smoothing: float = _field(0.0, "training targets: 1 - S on the label plus S/10 "
@@ -182,6 +184,8 @@ class TrainConfig:
                      f"--{name} must be >= 0, not {getattr(self, name)}")
         _require(0 <= self.warmup_epochs < float("inf"),
                  f"--warmup_epochs must be >= 0, not {self.warmup_epochs}")
+        _require(0 <= self.weight_decay < float("inf"),
+                 f"--weight_decay must be >= 0, not {self.weight_decay}")
         _require(0 <= self.dropout < 1,
                  f"--dropout must be >= 0 and < 1, not {self.dropout}")
         _require(0 <= self.label_smoothing < 1,

@@ -370,6 +370,8 @@ def test_bad_flags_are_usage_errors(argv, message, capsys):
     (dict(label_smoothing=1.0), "--label_smoothing must be >= 0 and < 1, not 1.0"),
     (dict(dropout=1.0), "--dropout must be >= 0 and < 1, not 1.0"),
     (dict(dropout=-0.1), "--dropout must be >= 0 and < 1, not -0.1"),
+    (dict(weight_decay=-1e-4), "--weight_decay must be >= 0, not -0.0001"),
+    (dict(weight_decay=float("nan")), "--weight_decay must be >= 0, not nan"),
     (dict(label_smoothing=float("nan")), "--label_smoothing must be >= 0 and < 1, not nan"),
     (dict(model="huge"),
      "--model must be one of guide, small, convnet, convnet_bn, not 'huge'"),

@@ -290,17 +290,18 @@ def test_predict_takes_no_abbreviated_flags(capsys):
 
 def test_the_optimizer_warms_up_over_the_configs_warmup_in_steps(monkeypatch):
     """`models.build` hands the optimizer ``--warmup_epochs`` as steps of this
-    run, and ``--optimizer``."""
+    run, ``--optimizer`` and ``--weight_decay``."""
     seen = []
 
-    def spy(learning_rate, schedule, total_steps, warmup_steps, name):
-        seen.append((total_steps, warmup_steps, name))
+    def spy(learning_rate, schedule, total_steps, warmup_steps, name, weight_decay):
+        seen.append((total_steps, warmup_steps, name, weight_decay))
         return optimizer_lib.make_optimizer(learning_rate, schedule, total_steps,
-                                            warmup_steps, name)
+                                            warmup_steps, name, weight_decay)
     monkeypatch.setattr(model_lib, "make_optimizer", spy)
     strategy = tf.distribute.get_strategy()
     built = [model_lib.build(config, strategy, 40)[1] for config in (
         TrainConfig(data="d", model_dir="m", epochs=4, warmup_epochs=1.5),
-        TrainConfig(data="d", model_dir="m", warmup_steps=3, optimizer="lamb"))]
-    assert seen == [(40, 15, "adam"), (40, 3, "lamb")]
-    assert [type(o).__name__ for o in built] == ["Adam", "Lamb"]
+        TrainConfig(data="d", model_dir="m", warmup_steps=3, optimizer="lamb"),
+        TrainConfig(data="d", model_dir="m", weight_decay=0.1))]
+    assert seen == [(40, 15, "adam", 0.0), (40, 3, "lamb", 0.0), (40, 0, "adam", 0.1)]
+    assert [type(o).__name__ for o in built] == ["Adam", "Lamb", "AdamW"]

@@ -25,6 +25,7 @@ LOOP = ["--loop=custom", "--steps_per_epoch=4"]
     ("--warmup_steps=3", "0"),
     ("--warmup_epochs=0.5", "0.0"),
     ("--label_smoothing=0.1", "0.0"),
+    ("--weight_decay=0.05", "0.0"),
     ("--dropout=0.25", "0.4"),
     ("--optimizer=lamb", "adam"),
     ("--steps_per_epoch=5", "4"),

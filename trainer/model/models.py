@@ -37,7 +37,7 @@ from trainer.errors import TrainerError
 from trainer.model.augment import RandomAffine
 from trainer.model.dropout import StepDropout
 from trainer.model.loss import TrainLoss
-from trainer.model.optimizer import make_optimizer
+from trainer.model.optimizer import build_optimizer, make_optimizer
 from trainer.names import MODELS, PRECISIONS
 
 # (conv filters, conv filters, dense units, dense units)
@@ -168,12 +168,12 @@ def build(config: TrainConfig, strategy: tf.distribute.Strategy,
     with strategy.scope():
         optimizer = make_optimizer(config.learning_rate, config.lr_schedule,
                                    total_steps, config.warmup_for(total_steps),
-                                   config.optimizer)
+                                   config.optimizer, config.weight_decay)
         model = build_model(config.model, augment=config.augment,
                             step=lambda: optimizer.iterations, dropout=config.dropout,
                             bn_virtual_batch_size=config.ghost_batch_size(
                                 strategy.num_replicas_in_sync))
-        optimizer.build(model.trainable_variables)
+        build_optimizer(optimizer, model.trainable_variables)
         model.compile(optimizer=optimizer,
                       loss=TrainLoss(config.label_smoothing),
                       metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],

@@ -1,6 +1,12 @@
-"""The optimizer (``--optimizer``) and its learning-rate schedule
-(``--learning_rate``, ``--lr_schedule``, ``--warmup_steps``): Adam or LAMB with
-a linear warmup, then a constant rate or a cosine decay to 0 at the last step.
+"""The optimizer (``--optimizer``, ``--weight_decay``) and its learning-rate
+schedule (``--learning_rate``, ``--lr_schedule``, ``--warmup_steps``): Adam
+(AdamW with weight decay) or LAMB with a linear warmup, then a constant rate or
+a cosine decay to 0 at the last step.
+
+Weight decay is decoupled (Loshchilov and Hutter, "Decoupled Weight Decay
+Regularization", ICLR 2019) and, as in the BERT, LAMB and Flax recipes, applies
+to weight matrices and kernels only: biases and batch-norm scales and offsets
+are not decayed (`build_optimizer`).
 """
 
 from __future__ import annotations
@@ -14,32 +20,61 @@ from trainer.names import OPTIMIZERS, SCHEDULES
 
 
 def make_optimizer(learning_rate: float, schedule: str, total_steps: int,
-                   warmup_steps: int, name: str = "adam") -> keras.optimizers.Optimizer:
-    """``name`` (Adam or `Lamb`) with the learning rate of `learning_rate_schedule`."""
+                   warmup_steps: int, name: str = "adam",
+                   weight_decay: float = 0.0) -> keras.optimizers.Optimizer:
+    """``name`` (Adam, AdamW, or `Lamb`) with the learning rate of
+    `learning_rate_schedule`; `build_optimizer` builds it for a model."""
     if name not in OPTIMIZERS:
         raise TrainerError(f"unknown --optimizer {name!r} (have {list(OPTIMIZERS)})")
+    if not 0 <= weight_decay < float("inf"):
+        raise TrainerError(f"bad --weight_decay {weight_decay} (must be >= 0)")
     rate = learning_rate_schedule(learning_rate, schedule, total_steps, warmup_steps)
-    return Lamb(rate) if name == "lamb" else keras.optimizers.Adam(rate)
+    if name == "lamb":
+        return Lamb(rate, weight_decay_rate=weight_decay)
+    if weight_decay:
+        return keras.optimizers.AdamW(rate, weight_decay=weight_decay)
+    return keras.optimizers.Adam(rate)
+
+
+def decays(variable: tf.Variable) -> bool:
+    """Whether weight decay applies to ``variable``: kernels and weight
+    matrices do, vectors (biases, batch-norm scales and offsets) do not."""
+    return variable.shape.rank > 1
+
+
+def build_optimizer(optimizer: keras.optimizers.Optimizer, variables: list) -> None:
+    """Creates ``optimizer``'s slots for ``variables`` (so a checkpoint restore
+    fills every one), after excluding the vectors from AdamW's decay (tf-keras'
+    ``exclude_from_weight_decay``, which must come before ``build``; `Lamb`
+    asks `decays` itself)."""
+    if optimizer.weight_decay is not None:
+        optimizer.exclude_from_weight_decay(
+            var_list=[v for v in variables if not decays(v)])
+    optimizer.build(variables)
 
 
 class Lamb(keras.optimizers.Optimizer):
     """LAMB (You et al., "Large Batch Optimization for Deep Learning: Training
-    BERT in 76 minutes", ICLR 2020, Algorithm 2, without weight decay): Adam's
-    bias-corrected step ``r = m̂ / (√v̂ + ε)``, rescaled for each weight matrix
-    ``w`` by the trust ratio ``‖w‖ / ‖r‖``, so that every layer moves by the
-    same fraction (the learning rate) of its norm whatever the batch size.
+    BERT in 76 minutes", ICLR 2020, Algorithm 2): Adam's bias-corrected step
+    plus the weight decay, ``r = m̂ / (√v̂ + ε) + λw``, rescaled for each weight
+    matrix ``w`` by the trust ratio ``‖w‖ / ‖r‖``, so that every layer moves by
+    the same fraction (the learning rate) of its norm whatever the batch size.
 
-    Vectors (biases, batch-norm scales and offsets) take Adam's step as is, as
-    in the BERT and Flax recipes that exclude them from layer adaptation: a
-    zero-initialized bias has no norm to scale by. tf-keras 2.20/2.21 ship no
-    LAMB (TensorFlow Addons had one and is end-of-life).
+    Vectors (biases, batch-norm scales and offsets) take Adam's step as is,
+    undecayed, as in the BERT and Flax recipes that exclude them from layer
+    adaptation: a zero-initialized bias has no norm to scale by. The decay
+    ``λ`` is ``weight_decay_rate``: Keras' own ``weight_decay`` would subtract
+    it after the trust ratio, outside the step LAMB defines. tf-keras
+    2.20/2.21 ship no LAMB (TensorFlow Addons had one and is end-of-life).
     """
 
     def __init__(self, learning_rate=1e-3, beta_1: float = 0.9, beta_2: float = 0.999,
-                 epsilon: float = 1e-6, name: str = "Lamb", **kwargs):
+                 epsilon: float = 1e-6, weight_decay_rate: float = 0.0,
+                 name: str = "Lamb", **kwargs):
         super().__init__(name=name, **kwargs)
         self._learning_rate = self._build_learning_rate(learning_rate)
         self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
+        self.weight_decay_rate = weight_decay_rate
 
     def build(self, var_list):
         super().build(var_list)
@@ -60,7 +95,9 @@ class Lamb(keras.optimizers.Optimizer):
         v_hat = v / (1 - tf.pow(tf.cast(self.beta_2, dtype), step))
         update = m_hat / (tf.sqrt(v_hat) + self.epsilon)
         rate = tf.cast(self.learning_rate, dtype)
-        if variable.shape.rank > 1:
+        if decays(variable):
+            if self.weight_decay_rate:
+                update += tf.cast(self.weight_decay_rate, dtype) * variable
             w_norm, r_norm = tf.norm(variable), tf.norm(update)
             rate = rate * tf.where((w_norm > 0) & (r_norm > 0), w_norm / r_norm,
                                    tf.ones_like(w_norm))
@@ -69,7 +106,8 @@ class Lamb(keras.optimizers.Optimizer):
     def get_config(self):
         return {**super().get_config(),
                 "learning_rate": self._serialize_hyperparameter(self._learning_rate),
-                "beta_1": self.beta_1, "beta_2": self.beta_2, "epsilon": self.epsilon}
+                "beta_1": self.beta_1, "beta_2": self.beta_2, "epsilon": self.epsilon,
+                "weight_decay_rate": self.weight_decay_rate}
 
 
 def learning_rate_schedule(learning_rate: float, schedule: str, total_steps: int,

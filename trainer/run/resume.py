@@ -8,8 +8,9 @@ counts and epoch history all assume one batch size and one epoch length.
 * Fixed for the run: ``--model``, ``--global_batch_size``, the steps per
   epoch (``--steps_per_epoch``, or the split's size ÷ the batch),
   ``--augment``, ``--optimizer``, ``--learning_rate``, ``--lr_schedule``,
-  ``--warmup_steps``, ``--warmup_epochs``, ``--label_smoothing``,
-  ``--dropout``, ``--bn_virtual_batch_size`` and ``--mixed_precision``.
+  ``--warmup_steps``, ``--warmup_epochs``, ``--weight_decay``,
+  ``--label_smoothing``, ``--dropout``, ``--bn_virtual_batch_size`` and
+  ``--mixed_precision``.
 * ``--epochs`` may grow ("train longer"), or shrink to no fewer epochs than
   the checkpoint has begun; with ``--lr_schedule=cosine`` it is fixed too
   (the decay spans every epoch).
@@ -28,7 +29,7 @@ from trainer.config import TrainConfig
 from trainer.errors import TrainerError, TrainerInputError
 
 FIXED = ("model", "global_batch_size", "steps_per_epoch", "augment", "optimizer",
-         "learning_rate", "lr_schedule", "warmup_steps", "warmup_epochs",
+         "learning_rate", "lr_schedule", "warmup_steps", "warmup_epochs", "weight_decay",
          "label_smoothing", "dropout", "bn_virtual_batch_size", "mixed_precision")
 
 
