@@ -69,8 +69,9 @@ class TrainConfig:
         None, "optimizer steps per epoch", shown="train examples // global batch size")
     steps_per_execution: int = _field(50, "training steps per tf.function call "
                                           "(both loops; 1: one step per call)")
-    optimizer: str = _field("adam", "adam, or lamb: Adam's step scaled per weight "
-                                    "matrix to a share of its norm (large batches)",
+    optimizer: str = _field("adam", "adam; or for large batches lamb (Adam's step) or "
+                                    "lars (momentum SGD's), scaled per weight matrix "
+                                    "to a share of its norm",
                             choices=OPTIMIZERS)
     learning_rate: float = _field(1e-3, "the optimizer's (peak) learning rate")
     lr_schedule: str = _field("constant", "learning rate after warm-up: constant "
@@ -78,8 +79,8 @@ class TrainConfig:
     warmup_steps: int = _field(0, "linear warm-up from 0 over this many steps")
     warmup_epochs: float = _field(0.0, "linear warm-up from 0 over this many epochs "
                                        "(instead of --warmup_steps)")
-    weight_decay: float = _field(0.0, "decoupled weight decay of the kernels (AdamW; "
-                                      "LAMB's lambda): 0 is none")
+    weight_decay: float = _field(0.0, "weight decay of the kernels (AdamW's, decoupled; "
+                                      "LAMB's and LARS's lambda): 0 is none")
     dropout: float = _field(0.4, "rate of the two dropout layers of convnet and "
                                  "convnet_bn (the other models have none)")
     label_smoothing: float = _field(0.0, "training targets: 1 - S on the label plus S/10 "

@@ -7,6 +7,6 @@ lists them without loading it.
 
 MODELS = ("guide", "small", "convnet", "convnet_bn")
 BATCH_NORM_MODELS = ("convnet_bn",)
-OPTIMIZERS = ("adam", "lamb")
+OPTIMIZERS = ("adam", "lamb", "lars")
 SCHEDULES = ("constant", "cosine")
 PRECISIONS = ("none", "bfloat16")

@@ -48,6 +48,38 @@ def test_lamb_follows_its_definition(decay):
                                    rtol=2e-5, atol=1e-6)
 
 
+def _lars_reference(w, grads, lr, decay=0.0, momentum=0.9, eta=1e-3):
+    """LARS as the MLPerf ResNet references define it, in numpy; vectors take
+    plain momentum SGD, undecayed."""
+    w, v = w.astype(np.float64), np.zeros_like(w, np.float64)
+    for g in grads:
+        ratio = 1.0
+        if w.ndim > 1:
+            g = g + decay * w
+            ratio = eta * np.linalg.norm(w) / np.linalg.norm(g)
+        v = momentum * v + lr * ratio * g
+        w = w - v
+    return w
+
+
+@pytest.mark.parametrize("decay", [0.0, 0.5])
+def test_lars_follows_its_definition(decay):
+    rng = np.random.default_rng(2)
+    start = {"kernel": rng.normal(size=(4, 3)), "bias": rng.normal(size=3)}
+    grads = {k: [rng.normal(size=x.shape) for _ in range(5)] for k, x in start.items()}
+    variables = {k: tf.Variable(x.astype(np.float32)) for k, x in start.items()}
+    lars = optimizer_lib.make_optimizer(2.0, "constant", 5, 0, "lars", weight_decay=decay)
+    assert isinstance(lars, optimizer_lib.Lars)
+    optimizer_lib.build_optimizer(lars, list(variables.values()))
+    for step in range(5):
+        lars.apply_gradients((tf.constant(grads[k][step], tf.float32), variables[k])
+                             for k in start)
+    for k, x in start.items():
+        np.testing.assert_allclose(variables[k].numpy(),
+                                   _lars_reference(x, grads[k], 2.0, decay),
+                                   rtol=2e-5, atol=1e-6)
+
+
 def test_adamw_decays_kernels_and_leaves_vectors():
     """With zero gradients Adam's step is 0, so what moves is the decay alone:
     each step multiplies a kernel by 1 - rate × decay; vectors stay."""
@@ -84,12 +116,13 @@ def test_the_optimizer_is_chosen_by_name():
         optimizer_lib.make_optimizer(0.01, "constant", 100, 0, "sgd")
 
 
-@pytest.mark.parametrize("loop", ["keras", "custom"])
-def test_a_lamb_run_resumes_bit_identically(trainer_dataset, tmp_path, loop):
+@pytest.mark.parametrize("name, loop", [("lamb", "keras"), ("lamb", "custom"),
+                                        ("lars", "custom")])
+def test_a_lamb_or_lars_run_resumes_bit_identically(trainer_dataset, tmp_path, name, loop):
     """Its moments are checkpointed and restored: a run stopped after one
     epoch and resumed ends as the uninterrupted one, optimizer state included."""
     data = trainer_dataset(num_train=64, num_test=16, train_shards=2, test_shards=1)
-    flags = ("--optimizer=lamb", "--learning_rate=0.01", "--label_smoothing=0.1",
+    flags = (f"--optimizer={name}", "--learning_rate=0.01", "--label_smoothing=0.1",
              "--weight_decay=0.01",
              "--seed=1", "--steps_per_execution=2", f"--loop={loop}")
     whole, resumed = str(tmp_path / "whole"), str(tmp_path / "resumed")
@@ -98,10 +131,10 @@ def test_a_lamb_run_resumes_bit_identically(trainer_dataset, tmp_path, loop):
     assert run(data, resumed, *flags, "--epochs=2") == 0
     assert read_metrics(resumed)["resumed_from_step"] == 8
     want, got = final_variables(whole), final_variables(resumed)
-    # The small model's 10 weights: a first and a second moment each.
-    moments = [name for name in want if name.startswith("optimizer/_variables/")]
-    assert sorted(got) == sorted(want) and len(moments) >= 20
-    assert [name for name in want if not np.array_equal(got[name], want[name])] == []
+    # The small model's 10 weights: LAMB's first and second moments, LARS's momentum.
+    moments = [n for n in want if n.startswith("optimizer/_variables/")]
+    assert sorted(got) == sorted(want) and len(moments) >= (20 if name == "lamb" else 10)
+    assert [n for n in want if not np.array_equal(got[n], want[n])] == []
     h = read_metrics(whole)["history"]
     assert h["train_loss"][-1] < h["train_loss"][0]
 

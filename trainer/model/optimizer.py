@@ -1,12 +1,15 @@
 """The optimizer (``--optimizer``, ``--weight_decay``) and its learning-rate
 schedule (``--learning_rate``, ``--lr_schedule``, ``--warmup_steps``): Adam
-(AdamW with weight decay) or LAMB with a linear warmup, then a constant rate or
-a cosine decay to 0 at the last step.
+(AdamW with weight decay), LAMB or LARS with a linear warmup, then a constant
+rate or a cosine decay to 0 at the last step.
 
-Weight decay is decoupled (Loshchilov and Hutter, "Decoupled Weight Decay
-Regularization", ICLR 2019) and, as in the BERT, LAMB and Flax recipes, applies
-to weight matrices and kernels only: biases and batch-norm scales and offsets
-are not decayed (`build_optimizer`).
+Adam's weight decay is decoupled (Loshchilov and Hutter, "Decoupled Weight
+Decay Regularization", ICLR 2019); LAMB and LARS add it to the step their
+trust ratio scales, as their papers define. As in the BERT, LAMB, MLPerf
+ResNet and Flax recipes it applies to weight matrices and kernels only:
+biases and batch-norm scales and offsets are not decayed (`decays`).
+tf-keras 2.20/2.21 ship neither LAMB nor LARS (TensorFlow Addons had LAMB and
+is end-of-life).
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ def make_optimizer(learning_rate: float, schedule: str, total_steps: int,
     rate = learning_rate_schedule(learning_rate, schedule, total_steps, warmup_steps)
     if name == "lamb":
         return Lamb(rate, weight_decay_rate=weight_decay)
+    if name == "lars":
+        return Lars(rate, weight_decay_rate=weight_decay)
     if weight_decay:
         return keras.optimizers.AdamW(rate, weight_decay=weight_decay)
     return keras.optimizers.Adam(rate)
@@ -46,7 +51,7 @@ def build_optimizer(optimizer: keras.optimizers.Optimizer, variables: list) -> N
     """Creates ``optimizer``'s slots for ``variables`` (so a checkpoint restore
     fills every one), after excluding the vectors from AdamW's decay (tf-keras'
     ``exclude_from_weight_decay``, which must come before ``build``; `Lamb`
-    asks `decays` itself)."""
+    and `Lars` ask `decays` themselves)."""
     if optimizer.weight_decay is not None:
         optimizer.exclude_from_weight_decay(
             var_list=[v for v in variables if not decays(v)])
@@ -64,8 +69,7 @@ class Lamb(keras.optimizers.Optimizer):
     undecayed, as in the BERT and Flax recipes that exclude them from layer
     adaptation: a zero-initialized bias has no norm to scale by. The decay
     ``λ`` is ``weight_decay_rate``: Keras' own ``weight_decay`` would subtract
-    it after the trust ratio, outside the step LAMB defines. tf-keras
-    2.20/2.21 ship no LAMB (TensorFlow Addons had one and is end-of-life).
+    it after the trust ratio, outside the step LAMB defines.
     """
 
     def __init__(self, learning_rate=1e-3, beta_1: float = 0.9, beta_2: float = 0.999,
@@ -107,6 +111,51 @@ class Lamb(keras.optimizers.Optimizer):
         return {**super().get_config(),
                 "learning_rate": self._serialize_hyperparameter(self._learning_rate),
                 "beta_1": self.beta_1, "beta_2": self.beta_2, "epsilon": self.epsilon,
+                "weight_decay_rate": self.weight_decay_rate}
+
+
+class Lars(keras.optimizers.Optimizer):
+    """LARS (You, Gitman and Ginsburg, "Large Batch Training of Convolutional
+    Networks", 2017; the form of the MLPerf ResNet-50 references): momentum
+    SGD whose step for each weight matrix ``w`` is the gradient plus the
+    weight decay, ``g + λw``, scaled by the trust ratio ``η‖w‖ / ‖g + λw‖``,
+    so that before momentum every layer moves by the learning rate times ``η``
+    of its norm. ``v ← μv + rate · ratio · (g + λw)``; ``w ← w − v``.
+
+    Vectors take plain momentum SGD, undecayed, as in those references.
+    """
+
+    def __init__(self, learning_rate=1.0, momentum: float = 0.9, eta: float = 1e-3,
+                 weight_decay_rate: float = 0.0, name: str = "Lars", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self._learning_rate = self._build_learning_rate(learning_rate)
+        self.momentum, self.eta, self.weight_decay_rate = momentum, eta, weight_decay_rate
+
+    def build(self, var_list):
+        super().build(var_list)
+        if getattr(self, "_built", False):
+            return
+        self._built = True
+        self._momentums = [self.add_variable_from_reference(v, "m") for v in var_list]
+
+    def update_step(self, gradient, variable):
+        v = self._momentums[self._index_dict[self._var_key(variable)]]
+        dtype = variable.dtype
+        rate = tf.cast(self.learning_rate, dtype)
+        if decays(variable):
+            if self.weight_decay_rate:
+                gradient += tf.cast(self.weight_decay_rate, dtype) * variable
+            w_norm, g_norm = tf.norm(variable), tf.norm(gradient)
+            rate = rate * tf.where((w_norm > 0) & (g_norm > 0),
+                                   tf.cast(self.eta, dtype) * w_norm / g_norm,
+                                   tf.ones_like(w_norm))
+        v.assign(tf.cast(self.momentum, dtype) * v + rate * gradient)
+        variable.assign_sub(v)
+
+    def get_config(self):
+        return {**super().get_config(),
+                "learning_rate": self._serialize_hyperparameter(self._learning_rate),
+                "momentum": self.momentum, "eta": self.eta,
                 "weight_decay_rate": self.weight_decay_rate}
 
 
