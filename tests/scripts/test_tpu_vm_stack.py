@@ -39,8 +39,10 @@ ABORT = ("2026-12-01 09:19:22.682455: F external/local_xla/xla/stream_executor/"
 # The trainer tests run on the host's TensorFlow, and the behaviour each one
 # needs: what a TPU run does (loops, replicas, bfloat16, resume, export).
 # The trainer tests of both loops, two replicas, bfloat16 and the tpu preset,
-# resume, export and predict; tests marked ``tf221`` need the CPU build.
+# the optimizers, resume, export and predict; tests marked ``tf221`` need the
+# CPU build.
 STACK_TESTS = ["tests/trainer/test_trainer_distributed.py",
+               "tests/trainer/test_trainer_optimizer.py",
                "tests/trainer/test_trainer_export.py",
                "tests/trainer/test_trainer_cli.py",
                "tests/trainer/test_trainer_loops.py",
