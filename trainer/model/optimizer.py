@@ -58,7 +58,53 @@ def build_optimizer(optimizer: keras.optimizers.Optimizer, variables: list) -> N
     optimizer.build(variables)
 
 
-class Lamb(keras.optimizers.Optimizer):
+class _LayerwiseOptimizer(keras.optimizers.Optimizer):
+    """What LAMB and LARS share: a first-moment slot per variable (and with
+    ``SECOND_MOMENTS`` a second, created after all the first ones, the order
+    their checkpoints hold), the decay ``λ`` (``weight_decay_rate``) and the
+    trust ratio that scales each weight matrix's step."""
+
+    SECOND_MOMENTS = False
+
+    def __init__(self, learning_rate, weight_decay_rate: float, name: str, **kwargs):
+        super().__init__(name=name, **kwargs)
+        self._learning_rate = self._build_learning_rate(learning_rate)
+        self.weight_decay_rate = weight_decay_rate
+
+    def build(self, var_list):
+        super().build(var_list)
+        if getattr(self, "_built", False):
+            return
+        self._built = True
+        self._momentums = [self.add_variable_from_reference(v, "m") for v in var_list]
+        if self.SECOND_MOMENTS:
+            self._velocities = [self.add_variable_from_reference(v, "v") for v in var_list]
+
+    def _index(self, variable) -> int:
+        return self._index_dict[self._var_key(variable)]
+
+    def _trust_scaled(self, step: tf.Tensor, variable, scale=1.0):
+        """(``rate``, ``step``): for a weight matrix ``w``, ``step + λw`` and the
+        learning rate times ``scale · ‖w‖ / ‖step + λw‖`` (1 where a norm is 0);
+        for a vector, ``step`` and the learning rate as they are."""
+        dtype = variable.dtype
+        rate = tf.cast(self.learning_rate, dtype)
+        if not decays(variable):
+            return rate, step
+        if self.weight_decay_rate:
+            step += tf.cast(self.weight_decay_rate, dtype) * variable
+        w_norm, s_norm = tf.norm(variable), tf.norm(step)
+        ratio = tf.where((w_norm > 0) & (s_norm > 0),
+                         tf.cast(scale, dtype) * w_norm / s_norm, tf.ones_like(w_norm))
+        return rate * ratio, step
+
+    def get_config(self):
+        return {**super().get_config(),
+                "learning_rate": self._serialize_hyperparameter(self._learning_rate),
+                "weight_decay_rate": self.weight_decay_rate}
+
+
+class Lamb(_LayerwiseOptimizer):
     """LAMB (You et al., "Large Batch Optimization for Deep Learning: Training
     BERT in 76 minutes", ICLR 2020, Algorithm 2): Adam's bias-corrected step
     plus the weight decay, ``r = m̂ / (√v̂ + ε) + λw``, rescaled for each weight
@@ -72,24 +118,16 @@ class Lamb(keras.optimizers.Optimizer):
     it after the trust ratio, outside the step LAMB defines.
     """
 
+    SECOND_MOMENTS = True
+
     def __init__(self, learning_rate=1e-3, beta_1: float = 0.9, beta_2: float = 0.999,
                  epsilon: float = 1e-6, weight_decay_rate: float = 0.0,
                  name: str = "Lamb", **kwargs):
-        super().__init__(name=name, **kwargs)
-        self._learning_rate = self._build_learning_rate(learning_rate)
+        super().__init__(learning_rate, weight_decay_rate, name, **kwargs)
         self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
-        self.weight_decay_rate = weight_decay_rate
-
-    def build(self, var_list):
-        super().build(var_list)
-        if getattr(self, "_built", False):
-            return
-        self._built = True
-        self._momentums = [self.add_variable_from_reference(v, "m") for v in var_list]
-        self._velocities = [self.add_variable_from_reference(v, "v") for v in var_list]
 
     def update_step(self, gradient, variable):
-        index = self._index_dict[self._var_key(variable)]
+        index = self._index(variable)
         m, v = self._momentums[index], self._velocities[index]
         dtype = variable.dtype
         step = tf.cast(self.iterations + 1, dtype)
@@ -97,24 +135,15 @@ class Lamb(keras.optimizers.Optimizer):
         v.assign_add((tf.square(gradient) - v) * (1 - self.beta_2))
         m_hat = m / (1 - tf.pow(tf.cast(self.beta_1, dtype), step))
         v_hat = v / (1 - tf.pow(tf.cast(self.beta_2, dtype), step))
-        update = m_hat / (tf.sqrt(v_hat) + self.epsilon)
-        rate = tf.cast(self.learning_rate, dtype)
-        if decays(variable):
-            if self.weight_decay_rate:
-                update += tf.cast(self.weight_decay_rate, dtype) * variable
-            w_norm, r_norm = tf.norm(variable), tf.norm(update)
-            rate = rate * tf.where((w_norm > 0) & (r_norm > 0), w_norm / r_norm,
-                                   tf.ones_like(w_norm))
+        rate, update = self._trust_scaled(m_hat / (tf.sqrt(v_hat) + self.epsilon), variable)
         variable.assign_sub(rate * update)
 
     def get_config(self):
-        return {**super().get_config(),
-                "learning_rate": self._serialize_hyperparameter(self._learning_rate),
-                "beta_1": self.beta_1, "beta_2": self.beta_2, "epsilon": self.epsilon,
-                "weight_decay_rate": self.weight_decay_rate}
+        return {**super().get_config(), "beta_1": self.beta_1, "beta_2": self.beta_2,
+                "epsilon": self.epsilon}
 
 
-class Lars(keras.optimizers.Optimizer):
+class Lars(_LayerwiseOptimizer):
     """LARS (You, Gitman and Ginsburg, "Large Batch Training of Convolutional
     Networks", 2017; the form of the MLPerf ResNet-50 references): momentum
     SGD whose step for each weight matrix ``w`` is the gradient plus the
@@ -127,36 +156,17 @@ class Lars(keras.optimizers.Optimizer):
 
     def __init__(self, learning_rate=1.0, momentum: float = 0.9, eta: float = 1e-3,
                  weight_decay_rate: float = 0.0, name: str = "Lars", **kwargs):
-        super().__init__(name=name, **kwargs)
-        self._learning_rate = self._build_learning_rate(learning_rate)
-        self.momentum, self.eta, self.weight_decay_rate = momentum, eta, weight_decay_rate
-
-    def build(self, var_list):
-        super().build(var_list)
-        if getattr(self, "_built", False):
-            return
-        self._built = True
-        self._momentums = [self.add_variable_from_reference(v, "m") for v in var_list]
+        super().__init__(learning_rate, weight_decay_rate, name, **kwargs)
+        self.momentum, self.eta = momentum, eta
 
     def update_step(self, gradient, variable):
-        v = self._momentums[self._index_dict[self._var_key(variable)]]
-        dtype = variable.dtype
-        rate = tf.cast(self.learning_rate, dtype)
-        if decays(variable):
-            if self.weight_decay_rate:
-                gradient += tf.cast(self.weight_decay_rate, dtype) * variable
-            w_norm, g_norm = tf.norm(variable), tf.norm(gradient)
-            rate = rate * tf.where((w_norm > 0) & (g_norm > 0),
-                                   tf.cast(self.eta, dtype) * w_norm / g_norm,
-                                   tf.ones_like(w_norm))
-        v.assign(tf.cast(self.momentum, dtype) * v + rate * gradient)
+        v = self._momentums[self._index(variable)]
+        rate, step = self._trust_scaled(gradient, variable, scale=self.eta)
+        v.assign(tf.cast(self.momentum, variable.dtype) * v + rate * step)
         variable.assign_sub(v)
 
     def get_config(self):
-        return {**super().get_config(),
-                "learning_rate": self._serialize_hyperparameter(self._learning_rate),
-                "momentum": self.momentum, "eta": self.eta,
-                "weight_decay_rate": self.weight_decay_rate}
+        return {**super().get_config(), "momentum": self.momentum, "eta": self.eta}
 
 
 def learning_rate_schedule(learning_rate: float, schedule: str, total_steps: int,
