@@ -7,7 +7,7 @@ Adam's weight decay is decoupled (Loshchilov and Hutter, "Decoupled Weight
 Decay Regularization", ICLR 2019); LAMB and LARS add it to the step their
 trust ratio scales, as their papers define. As in the BERT, LAMB, MLPerf
 ResNet and Flax recipes it applies to weight matrices and kernels only:
-biases and batch-norm scales and offsets are not decayed (`decays`).
+biases and batch-norm scales and offsets are not decayed (`is_weight_matrix`).
 tf-keras 2.20/2.21 ship neither LAMB nor LARS (TensorFlow Addons had LAMB and
 is end-of-life).
 """
@@ -25,8 +25,9 @@ from trainer.names import OPTIMIZERS, SCHEDULES
 def make_optimizer(learning_rate: float, schedule: str, total_steps: int,
                    warmup_steps: int, name: str = "adam",
                    weight_decay: float = 0.0) -> keras.optimizers.Optimizer:
-    """``name`` (Adam, AdamW, or `Lamb`) with the learning rate of
-    `learning_rate_schedule`; `build_optimizer` builds it for a model."""
+    """``name`` (Adam, AdamW with a weight decay, `Lamb` or `Lars`) with the
+    learning rate of `learning_rate_schedule`; `build_optimizer` builds it for
+    a model."""
     if name not in OPTIMIZERS:
         raise TrainerError(f"unknown --optimizer {name!r} (have {list(OPTIMIZERS)})")
     if not 0 <= weight_decay < float("inf"):
@@ -41,9 +42,10 @@ def make_optimizer(learning_rate: float, schedule: str, total_steps: int,
     return keras.optimizers.Adam(rate)
 
 
-def decays(variable: tf.Variable) -> bool:
-    """Whether weight decay applies to ``variable``: kernels and weight
-    matrices do, vectors (biases, batch-norm scales and offsets) do not."""
+def is_weight_matrix(variable: tf.Variable) -> bool:
+    """Whether ``variable`` is a kernel or weight matrix, which weight decay and
+    LAMB's and LARS's trust ratios apply to, not a vector (a bias, a
+    batch-norm scale or offset)."""
     return variable.shape.rank > 1
 
 
@@ -51,10 +53,10 @@ def build_optimizer(optimizer: keras.optimizers.Optimizer, variables: list) -> N
     """Creates ``optimizer``'s slots for ``variables`` (so a checkpoint restore
     fills every one), after excluding the vectors from AdamW's decay (tf-keras'
     ``exclude_from_weight_decay``, which must come before ``build``; `Lamb`
-    and `Lars` ask `decays` themselves)."""
+    and `Lars` ask `is_weight_matrix` themselves)."""
     if optimizer.weight_decay is not None:
         optimizer.exclude_from_weight_decay(
-            var_list=[v for v in variables if not decays(v)])
+            var_list=[v for v in variables if not is_weight_matrix(v)])
     optimizer.build(variables)
 
 
@@ -89,7 +91,7 @@ class _LayerwiseOptimizer(keras.optimizers.Optimizer):
         for a vector, ``step`` and the learning rate as they are."""
         dtype = variable.dtype
         rate = tf.cast(self.learning_rate, dtype)
-        if not decays(variable):
+        if not is_weight_matrix(variable):
             return rate, step
         if self.weight_decay_rate:
             step += tf.cast(self.weight_decay_rate, dtype) * variable
