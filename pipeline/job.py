@@ -8,7 +8,9 @@ dataset at the output untouched.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import logging
 import uuid
 from typing import Optional, Sequence
@@ -151,7 +153,8 @@ def _run_beam(options: Options, layout: OutputLayout):
         p = beam.Pipeline(runner=_runner(options.runner), options=options.beam)
         _ = p | "Convert" >> transforms.convert(settings, options.shuffle_mode)
         with progress.ProgressLogger(layout.temp_dir,
-                                     SHARDS.record_bytes(options.image_format)):
+                                     SHARDS.record_bytes(options.image_format)), \
+                heap_frozen():
             result, state = stop.run_in_thread(lambda: _run_to_end(p))
         if state != "DONE":
             raise RuntimeError(f"pipeline ended in state {state}")
@@ -166,6 +169,26 @@ def _run_beam(options: Options, layout: OutputLayout):
             raise
         raise known from e
     return result
+
+
+@contextlib.contextmanager
+def heap_frozen():
+    """Keeps the cyclic garbage collector off the objects that exist before a run.
+
+    A local run creates millions of short-lived tracked objects (the
+    runner's elements, a view per record in the shard merge), so the
+    collector runs often, and each full collection walks every object in
+    the process: the ~150,000 of Beam's modules and the graph among them.
+    `gc.freeze` moves those to a permanent generation the collector skips;
+    at 10x MNIST this saved ~1.2 s of the job's ~10 s of CPU. Objects made
+    during the run are collected as usual; afterwards everything is
+    collectable again.
+    """
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def _run_to_end(p: beam.Pipeline):

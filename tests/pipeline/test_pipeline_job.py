@@ -1,5 +1,6 @@
 """The conversion job end to end on Beam's DirectRunner."""
 
+import gc
 import gzip
 import hashlib
 import json
@@ -229,3 +230,20 @@ def test_direct_runner_jobs_never_try_prism(idx_dir, tmp_path, monkeypatch):
     manifest = run_job(idx_dir, tmp_path / "out")
     assert attempts == []
     assert manifest.split("train").num_examples == 360
+
+
+def test_the_run_keeps_the_collector_off_earlier_objects(tmp_path, idx_dir, monkeypatch):
+    """The runner runs with the objects made before it frozen (`job.heap_frozen`),
+    and afterwards they are collectable again."""
+    from pipeline import job
+    frozen_during_run = []
+    run_to_end = job._run_to_end
+
+    def spy(p):
+        frozen_during_run.append(gc.get_freeze_count())
+        return run_to_end(p)
+
+    monkeypatch.setattr(job, "_run_to_end", spy)
+    run_job(idx_dir, tmp_path / "out")
+    assert frozen_during_run and frozen_during_run[0] > 10_000  # Beam's modules at least
+    assert gc.get_freeze_count() == 0
