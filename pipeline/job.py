@@ -179,10 +179,9 @@ def heap_frozen():
     runner's elements, a view per record in the shard merge), so the
     collector runs often, and each full collection walks every object in
     the process: the ~150,000 of Beam's modules and the graph among them.
-    `gc.freeze` moves those to a permanent generation the collector skips;
-    at 10x MNIST this saved ~1.2 s of the job's ~10 s of CPU. Objects made
-    during the run are collected as usual; afterwards everything is
-    collectable again.
+    `gc.freeze` moves those to a permanent generation the collector skips
+    (docs/benchmarks.md measures what that saves). Objects made during the
+    run are collected as usual; afterwards everything is collectable again.
     """
     gc.freeze()
     try:
