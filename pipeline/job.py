@@ -130,9 +130,10 @@ def _write(options: Options, layout: OutputLayout) -> contract.Manifest:
     """Runs the graph into the layout's temp folder and publishes what it wrote."""
     logging.info("Writing %s into temporary folder %s (shuffle: %s)",
                  ",".join(options.splits), layout.temp_dir, options.shuffle_mode)
-    result = _run_beam(options, layout)
-    counters = _report_counters(result, options.splits)
-    manifest = finalize(layout, options)
+    with heap_frozen():
+        result = _run_beam(options, layout)
+        counters = _report_counters(result, options.splits)
+        manifest = finalize(layout, options)
     for split in options.splits:
         written = counters.get(f"{split}_examples_written")
         if written is not None and written != manifest.split(split).num_examples:
@@ -153,8 +154,7 @@ def _run_beam(options: Options, layout: OutputLayout):
         p = beam.Pipeline(runner=_runner(options.runner), options=options.beam)
         _ = p | "Convert" >> transforms.convert(settings, options.shuffle_mode)
         with progress.ProgressLogger(layout.temp_dir,
-                                     SHARDS.record_bytes(options.image_format)), \
-                heap_frozen():
+                                     SHARDS.record_bytes(options.image_format)):
             result, state = stop.run_in_thread(lambda: _run_to_end(p))
         if state != "DONE":
             raise RuntimeError(f"pipeline ended in state {state}")
@@ -173,7 +173,8 @@ def _run_beam(options: Options, layout: OutputLayout):
 
 @contextlib.contextmanager
 def heap_frozen():
-    """Keeps the cyclic garbage collector off the objects that exist before a run.
+    """Keeps the cyclic garbage collector off the objects that exist before a run
+    and its publish.
 
     A local run creates millions of short-lived tracked objects (the
     runner's elements, a view per record in the shard merge), so the

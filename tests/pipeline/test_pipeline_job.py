@@ -233,17 +233,20 @@ def test_direct_runner_jobs_never_try_prism(idx_dir, tmp_path, monkeypatch):
 
 
 def test_the_run_keeps_the_collector_off_earlier_objects(tmp_path, idx_dir, monkeypatch):
-    """The runner runs with the objects made before it frozen (`job.heap_frozen`),
-    and afterwards they are collectable again."""
+    """The runner and the publish run with the objects made before them frozen
+    (`job.heap_frozen`), and afterwards they are collectable again."""
     from pipeline import job
-    frozen_during_run = []
-    run_to_end = job._run_to_end
+    frozen = {}
 
-    def spy(p):
-        frozen_during_run.append(gc.get_freeze_count())
-        return run_to_end(p)
+    def spy(name, fn):
+        def call(*args):
+            frozen[name] = gc.get_freeze_count()
+            return fn(*args)
+        monkeypatch.setattr(job, name, call)
 
-    monkeypatch.setattr(job, "_run_to_end", spy)
+    spy("_run_to_end", job._run_to_end)
+    spy("finalize", job.finalize)
     run_job(idx_dir, tmp_path / "out")
-    assert frozen_during_run and frozen_during_run[0] > 10_000  # Beam's modules at least
+    assert frozen.keys() == {"_run_to_end", "finalize"}
+    assert min(frozen.values()) > 10_000  # Beam's modules at least
     assert gc.get_freeze_count() == 0
