@@ -1,5 +1,8 @@
 """`benchmarks/pipeline_benchmark.py` at its smallest size: the job, the plain script and the floor."""
 
+import gzip
+import importlib.util
+import os
 import re
 import subprocess
 import sys
@@ -39,3 +42,18 @@ def test_benchmark_prints_the_physical_floor_beside_the_baseline():
     assert re.search(r"job/plain time ratio: median \d+\.\d\dx", out), out
     assert re.search(r"job/floor time ratio: median \d+\.\d\dx", out), out
     assert re.search(r"job CPU/floor CPU ratio: median \d+\.\d\dx", out), out
+
+
+def test_the_floor_gunzips_in_pieces_and_refuses_a_cut_file(monkeypatch):
+    spec = importlib.util.spec_from_file_location(
+        "pipeline_benchmark", REPO / "benchmarks" / "pipeline_benchmark.py")
+    benchmark = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "pipeline_benchmark", benchmark)  # for its dataclasses
+    monkeypatch.setattr(sys, "path", list(sys.path))  # it puts benchmarks/ on the path
+    spec.loader.exec_module(benchmark)
+    data = os.urandom(3 * benchmark.GUNZIP_PIECE) + bytes(5 * benchmark.GUNZIP_PIECE)
+    packed = gzip.compress(data)
+    assert len(packed) > 3 * benchmark.GUNZIP_PIECE  # several pieces
+    assert benchmark.gunzip_streamed(packed) == len(data)
+    with pytest.raises(ValueError, match="truncated"):
+        benchmark.gunzip_streamed(packed[:-100])
