@@ -1,14 +1,10 @@
 """`benchmarks/job_stages.py`: py-spy stacks charged to the conversion job's stages."""
 
-import importlib.util
-
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, benchmark_module
 
-_spec = importlib.util.spec_from_file_location("job_stages", REPO / "benchmarks" / "job_stages.py")
-job_stages = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(job_stages)
+job_stages = benchmark_module("job_stages")
 
 
 def _line_of(path: str, text: str) -> int:

@@ -1,7 +1,6 @@
 """`benchmarks/pipeline_benchmark.py` at its smallest size: the job, the plain script and the floor."""
 
 import gzip
-import importlib.util
 import os
 import re
 import subprocess
@@ -9,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, benchmark_module
 
 SECONDS = r"(\d+\.\d\d) s"
 
@@ -45,12 +44,8 @@ def test_benchmark_prints_the_physical_floor_beside_the_baseline():
 
 
 def test_the_floor_gunzips_in_pieces_and_refuses_a_cut_file(monkeypatch):
-    spec = importlib.util.spec_from_file_location(
-        "pipeline_benchmark", REPO / "benchmarks" / "pipeline_benchmark.py")
-    benchmark = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "pipeline_benchmark", benchmark)  # for its dataclasses
-    monkeypatch.setattr(sys, "path", list(sys.path))  # it puts benchmarks/ on the path
-    spec.loader.exec_module(benchmark)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the module puts benchmarks/ on it
+    benchmark = benchmark_module("pipeline_benchmark")
     data = os.urandom(3 * benchmark.GUNZIP_PIECE) + bytes(5 * benchmark.GUNZIP_PIECE)
     packed = gzip.compress(data)
     assert len(packed) > 3 * benchmark.GUNZIP_PIECE  # several pieces
