@@ -78,11 +78,12 @@ def _parse_flags(argv: Optional[Sequence[str]]) -> TrainConfig:
         raise TrainerInputError(str(e)) from None
 
 
-def _end_stopped_run(status: int) -> NoReturn:
-    """Ends the process of a run stopped on a signal, without unwinding further.
+def _end_process(status: int) -> NoReturn:
+    """Ends the process of a run that stopped (a signal, or an error once
+    training began) without unwinding further.
 
-    By now the stop's checkpoint is saved, the summaries are flushed and the
-    ``model_dir`` lock is released (`trainer.train`). What unwinding would
+    By now the summaries are flushed, the ``model_dir`` lock is released
+    (`trainer.train`) and a stop has saved its checkpoint. What unwinding would
     still do is free the interrupted loop's input iterators, and TensorFlow's
     teardown of each waits for tf.data's autotuning thread to wake (checked
     against TF 2.21.0; the wait measured is in docs/trainer.md, "Faults
@@ -95,6 +96,14 @@ def _end_stopped_run(status: int) -> NoReturn:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Runs the command and returns its exit status.
+
+    With ``argv=None`` (the process's own arguments: ``python -m trainer``,
+    ``mnist-trainer``) it owns the process: a run that stopped once training
+    began ends the process after its line (`_end_process`). Given ``argv``
+    (a caller in the same process) it always returns.
+    """
+    owns_process = argv is None
     # The trainer's own INFO lines; only warnings from TensorFlow and absl.
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("trainer").setLevel(logging.INFO)
@@ -106,10 +115,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             metrics = train_and_evaluate(config)
         except TrainerError as e:
             print(f"error: {e}", file=sys.stderr)
+            if owns_process and e.after_training_began:
+                _end_process(e.exit_status)
             return e.exit_status
         except Stopped as e:
             print(e, file=sys.stderr)
-            _end_stopped_run(e.exit_status)
+            if owns_process:
+                _end_process(e.exit_status)
+            return e.exit_status
     print(f"test_loss={metrics['test_loss']:.4f} "
           f"test_accuracy={metrics['test_accuracy']:.4f} "
           f"test_examples={metrics['test_examples']} "

@@ -64,7 +64,8 @@ def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict
         # seeded in `trainer.data.input_pipeline`.
         tf_keras.utils.set_random_seed(config.seed)
     with _holding_model_dir(run) as claim:
-        with _training_errors(run), models.precision(config.mixed_precision):
+        with _marked_as_training(), _training_errors(run), \
+                models.precision(config.mixed_precision):
             model, optimizer = models.build(config, run.strategy, run.total_steps)
             result = build_controller(run, model, optimizer, claim, callbacks).run()
             staged = _export(run, model, claim)
@@ -147,6 +148,18 @@ def _commit(model_dir: str, staged: str, metrics: dict) -> None:
         raise TrainerError(f"{join_path(model_dir, outputs.METRICS)}: cannot commit the "
                            f"export and metrics ({os_reason(e)}); training is complete "
                            "and checkpointed, a rerun exports again") from None
+
+
+@contextlib.contextmanager
+def _marked_as_training() -> Iterator[None]:
+    """Marks a `TrainerError` raised while the model is built, trained or
+    exported (``after_training_began``): the training's input iterators may
+    be alive."""
+    try:
+        yield
+    except TrainerError as e:
+        e.after_training_began = True
+        raise
 
 
 @contextlib.contextmanager

@@ -289,6 +289,23 @@ def test_a_diverged_run_stops_before_saving_it(out, tmp_path, capsys, loop):
     assert not (model_dir / "export").exists() and not (model_dir / "metrics.json").exists()
 
 
+def test_an_error_once_training_began_is_marked_for_the_command_line(out, tmp_path):
+    """`trainer.train` marks what it raises while the model trains, so that
+    the command ends its process after the line (test_trainer_signals.py);
+    an error before that is not marked."""
+    from trainer.config import parse_flags
+    from trainer.train import train_and_evaluate
+    diverging = parse_flags([f"--data={out}", f"--model_dir={tmp_path / 'm'}", *TRAIN,
+                             "--learning_rate=1e30"])
+    with pytest.raises(TrainerError, match="training diverged") as diverged:
+        train_and_evaluate(diverging)
+    assert diverged.value.after_training_began
+    inside = parse_flags([f"--data={out}", f"--model_dir={out}", *TRAIN])
+    with pytest.raises(TrainerError, match="--model_dir is --data") as refused:
+        train_and_evaluate(inside)
+    assert not refused.value.after_training_began
+
+
 def test_model_dir_and_data_apart(out, tmp_path, capsys):
     """The run's files never land among the dataset's."""
     for model_dir, how in [(out, "is"), (f"{out}/run", "is inside"),

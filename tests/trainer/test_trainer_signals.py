@@ -96,35 +96,62 @@ def test_a_signal_ignored_at_start_stays_ignored(tmp_path):
     assert result.stdout == "still running None\n"
 
 
-def test_a_stopped_run_ends_without_tearing_down_its_training(tmp_path):
-    """After the stop line the command ends at once: what the stopped training
-    still holds (here an object standing for the interrupted fit's input
-    iterators, whose TensorFlow teardown can take a minute) is never freed,
-    and what was printed before is not lost."""
-    result = python("""
-        import os, sys
-        import trainer.train
-        from trainer.run.preemption import Stopped
+_HELD_BY_TRAINING = """
+    import os, sys
+    import trainer.train
+    from trainer.errors import TrainerError
+    from trainer.run.preemption import Stopped
 
-        class Held:
-            def __del__(self):
-                open(os.environ["MARKER"], "w").close()
+    class Held:  # stands for the interrupted loop's input iterators
+        def __del__(self):
+            open(os.environ["MARKER"], "w").close()
 
-        def train_and_evaluate(config):
-            held = Held()
-            print("trained 3 steps")
-            raise Stopped(15, "SIGTERM received: stopped at step 3/8, saved ckpt-3; "
-                              "rerun the same command to resume")
+    def began(error):  # as trainer.train marks an error raised while training
+        error.after_training_began = True
+        return error
 
-        trainer.train.train_and_evaluate = train_and_evaluate
-        from trainer.__main__ import main
-        sys.exit(main(["--data=-", "--model_dir=-", "--preset=smoke"]))
-        """, tmp_path)
-    assert result.returncode == 128 + signal.SIGTERM, result.stderr
-    assert result.stdout == "trained 3 steps\n"
-    assert result.stderr.splitlines()[-1] == (
-        "SIGTERM received: stopped at step 3/8, saved ckpt-3; rerun the same command to resume")
+    def train_and_evaluate(config):
+        held = Held()
+        print("trained 3 steps")
+        raise {error}
+
+    trainer.train.train_and_evaluate = train_and_evaluate
+    from trainer.__main__ import main
+    sys.argv = ["trainer", "--data=-", "--model_dir=-", "--preset=smoke"]
+    sys.exit(main({argv}))
+    """
+_STOPPED = ("Stopped(15, 'SIGTERM received: stopped at step 3/8, saved ckpt-3; "
+            "rerun the same command to resume')")
+_FAILED = "TrainerError('M: this run lost its lock')"
+
+
+@pytest.mark.parametrize("error, status, line", [
+    (_STOPPED, 128 + signal.SIGTERM,
+     "SIGTERM received: stopped at step 3/8, saved ckpt-3; rerun the same command to resume"),
+    (f"began({_FAILED})", 1,
+     "error: M: this run lost its lock")])
+def test_a_run_stopped_in_training_ends_without_tearing_it_down(tmp_path, error, status,
+                                                                line):
+    """After the line, the command ends at once: what the stopped training
+    still holds, whose TensorFlow teardown can take a minute (docs/trainer.md,
+    "Faults tried"), is never freed, and what was printed before is kept."""
+    result = python(_HELD_BY_TRAINING.format(error=error, argv=""), tmp_path)
+    assert (result.returncode, result.stdout) == (status, "trained 3 steps\n"), result.stderr
+    assert result.stderr.splitlines()[-1] == line
     assert not (tmp_path / "cleaned").exists()
+
+
+_ARGV = "sys.argv[1:]"  # the same arguments, given
+
+
+@pytest.mark.parametrize("error, argv, status", [
+    (_STOPPED, _ARGV, 128 + signal.SIGTERM), (f"began({_FAILED})", _ARGV, 1), (_FAILED, "", 1)])
+def test_main_returns_to_a_caller_and_before_training(tmp_path, error, argv, status):
+    """Given its arguments, `main` returns (tests call it so); from the
+    command line, an error raised before training began returns too."""
+    result = python(_HELD_BY_TRAINING.format(error=error, argv=argv), tmp_path)
+    assert result.returncode == status, result.stderr
+    assert (tmp_path / "cleaned").exists()
 
 
 class _Lines:
