@@ -18,9 +18,9 @@ class TrainerError(Exception):
     The message is one line that names the file or setting at fault; the
     command line prints it without a traceback and exits with `exit_status`
     (`mnist_common.console`: a failure at run time, unless a subclass says).
-    `trainer.train` sets ``after_training_began`` on one raised once the
-    model is being built or trained: the command line then ends the process
-    right after the line (`trainer.__main__`).
+    `trainer.train` sets ``after_training_began`` on one raised while the
+    model is built, trained or exported: the command line then ends the
+    process right after the line (`trainer.__main__`).
     """
 
     exit_status = console.FAILURE
