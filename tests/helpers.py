@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import gzip
 import http.server
-import importlib.util
 import json
 import os
 import socket
@@ -20,18 +19,6 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def benchmark_module(name: str):
-    """``benchmarks/NAME.py`` loaded as module ``name`` (the folder is not a
-    package); registered in ``sys.modules`` so its dataclasses resolve."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 EMULATOR_BUCKET = "test-bucket"
 
 

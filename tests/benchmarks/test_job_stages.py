@@ -2,9 +2,8 @@
 
 import pytest
 
-from tests.helpers import REPO, benchmark_module
-
-job_stages = benchmark_module("job_stages")
+from benchmarks import job_stages
+from tests.helpers import REPO
 
 
 def _line_of(path: str, text: str) -> int:
