@@ -52,7 +52,7 @@ class ShardFileWriter:
     def _store(self, data: bytes, last: bool = False) -> None:
         if self._gzip:
             data = self._gzip.compress(data) + (self._gzip.flush() if last else b"")
-        if data:
+        if len(data):
             self._file.write(data)
             self._sha256.update(data)
             self.num_bytes += len(data)
@@ -64,8 +64,13 @@ class ShardFileWriter:
     def write(self, example: bytes) -> None:
         self.write_block(framing.frame_record(example))
 
-    def write_block(self, framed: bytes, count: int = 1) -> None:
-        """Writes ``count`` records already in TFRecord framing, joined."""
+    def write_block(self, framed, count: int = 1) -> None:
+        """Writes ``count`` records already in TFRecord framing, joined (bytes or
+        a uint8 array, which must not change afterwards: it is written later)."""
+        if not self._pending and len(framed) >= 1 << 20:
+            self.num_examples += count
+            self._emit(framed)
+            return
         self._pending.append(framed)
         self._pending_bytes += len(framed)
         self.num_examples += count
@@ -221,14 +226,43 @@ class _RangeReader:
         return data
 
 
+def _items(buffer, size: int) -> np.ndarray:
+    """``buffer`` as items of ``size`` bytes, one starting at every byte offset."""
+    return np.ndarray((max(len(buffer) - size + 1, 0),), np.dtype((np.void, size)),
+                      buffer, 0, (1,))
+
+
+def gather_records(buffers: dict, src: np.ndarray, at: np.ndarray, sizes: np.ndarray
+                   ) -> np.ndarray:
+    """Record ``k`` is ``buffers[src[k]][at[k]:at[k] + sizes[k]]``: all of them
+    back to back, in ``k`` order, as uint8.
+
+    The records of one source and one size move in one numpy assignment of
+    ``size``-byte items addressed by byte offset, so the Python work per
+    block is per (source, size) pair, not per record: a shard's records
+    mostly share one size (only a varint's width varies).
+    """
+    out = np.empty(int(sizes.sum()), np.uint8)
+    out_at = np.cumsum(sizes) - sizes
+    sizes_seen, size_of = np.unique(sizes, return_inverse=True)
+    group = src.astype(np.int64) * len(sizes_seen) + size_of.reshape(-1)
+    order = np.argsort(group, kind="stable")
+    groups, firsts = np.unique(group[order], return_index=True)
+    for g, members in zip(groups.tolist(), np.split(order, firsts[1:])):
+        r, size = divmod(g, len(sizes_seen))
+        size = int(sizes_seen[size])
+        _items(out, size)[out_at[members]] = _items(buffers[r], size)[at[members]]
+    return out
+
+
 def merge_spill_ranges(ranges: Sequence[SpillRange], memory_bytes: int
                        ) -> Iterator[tuple[bytes, int]]:
     """Yields (framed records, count) blocks of the key-order merge of ``ranges``.
 
     The merged order is one numpy sort of the ranges' keys; blocks of about
     ``memory_bytes`` then take each range's next records with one read, so
-    memory stays flat whatever the shard size, and the per-record work is
-    one slice of the bytes read.
+    memory stays flat whatever the shard size, and `gather_records` moves
+    the bytes read into merged order.
     """
     ranges = [r for r in ranges if len(r)]
     if not ranges:
@@ -251,9 +285,7 @@ def merge_spill_ranges(ranges: Sequence[SpillRange], memory_bytes: int
             last = np.full(len(ranges), -1, np.int64)
             np.maximum.at(last, src, block)
             base = np.fromiter((reader.offset for reader in readers), np.int64, len(readers))
-            buffers = {r: memoryview(readers[r].read(int(ends[last[r]])))
+            buffers = {r: readers[r].read(int(ends[last[r]]))
                        for r in np.flatnonzero(last >= 0).tolist()}
-            lo = (starts[block] - base[src]).tolist()
-            hi = (ends[block] - base[src]).tolist()
-            yield b"".join([buffers[r][a:b] for r, a, b in zip(src.tolist(), lo, hi)]), \
-                len(block)
+            yield gather_records(buffers, src, starts[block] - base[src],
+                                 (ends - starts)[block]), len(block)

@@ -1,6 +1,8 @@
 """The Beam graph's parts without the job (`pipeline.shard.transforms`): each
 composite transform run on small inputs with TestPipeline."""
 
+import gzip
+import hashlib
 import io
 import json
 from pathlib import Path
@@ -17,7 +19,8 @@ from mnist_contract import examples, framing
 from pipeline.shard import batches
 from pipeline.shard import sharding
 from pipeline.shard import transforms
-from pipeline.shard.shard_io import merge_spill_ranges, write_spill
+from pipeline.shard.shard_io import (ShardFileWriter, gather_records, merge_spill_ranges,
+                                     write_spill)
 from pipeline.source.sources import SyntheticSource
 
 
@@ -203,6 +206,35 @@ def test_spill_files_merge_into_key_order_within_the_memory_bound(tmp_path, widt
             chosen.update(k.tobytes() for k in r.read_index(f)[0])
     assert b"".join(b for b, _ in merge_spill_ranges(part, 777)) == b"".join(
         r for k, r in sorted(pairs) if k in chosen)
+
+
+def test_gather_records_takes_each_record_from_its_source_in_order():
+    rng = np.random.default_rng(7)
+    records = [rng.bytes(int(n)) for n in rng.choice([3, 5, 900], 400)]
+    src = rng.integers(0, 4, len(records))
+    buffers = {r: b"".join(x for x, s in zip(records, src) if s == r) for r in range(4)}
+    at = np.zeros(len(records), np.int64)
+    for r in range(4):  # each source's records back to back, in the gathered order
+        mine = np.flatnonzero(src == r)
+        sizes = np.array([len(records[i]) for i in mine], np.int64)
+        at[mine] = np.cumsum(sizes) - sizes
+    out = gather_records(buffers, src, at, np.array([len(x) for x in records], np.int64))
+    assert out.dtype == np.uint8 and out.tobytes() == b"".join(records)
+
+
+@pytest.mark.parametrize("compression", ["none", "gzip"])
+def test_shard_writer_takes_large_array_blocks_and_small_byte_blocks(tmp_path, compression):
+    big = np.random.default_rng(8).integers(0, 256, 3 << 19, dtype=np.uint8)
+    small = framing.frame_record(b"tail")
+    writer = ShardFileWriter(str(tmp_path / "shard"), compression)
+    writer.write_block(big, 1000)
+    writer.write_block(small)
+    info = writer.close()
+    stored = (tmp_path / "shard").read_bytes()
+    whole = big.tobytes() + small
+    assert (gzip.decompress(stored) if compression == "gzip" else stored) == whole
+    assert info == {"num_examples": 1001, "num_bytes": len(stored),
+                    "sha256": hashlib.sha256(stored).hexdigest()}
 
 
 def test_damaged_spill_file_fails_the_merge(tmp_path):
