@@ -94,6 +94,54 @@ def decode_split(images_gz: bytes, labels_gz: bytes, images_origin: str,
     return images, labels.astype(np.int64)
 
 
+class GzipReader:
+    """The data of a gzip stream, decompressed from pieces of ``PIECE`` bytes.
+
+    `gzip.GzipFile` (Python 3.11) reads its input 8 KiB at a time and runs
+    Python code for each piece; this reads large pieces and leaves each
+    member's CRC and length check to zlib. As in `gzip`, members may follow
+    one another and zero bytes may pad the end; an empty stream has no data.
+    Raises `EOFError` if the stream ends inside a member, `zlib.error` on
+    damaged data.
+    """
+
+    PIECE = 256 << 10
+
+    def __init__(self, raw):
+        self._raw = raw
+        self._input = b""  # compressed bytes read and not yet decompressed
+        self._member = None  # the current member's decompressor, None between members
+
+    def read(self, n: int) -> bytes:
+        """Up to ``n`` bytes of data; fewer only at the end of the stream."""
+        parts, have = [], 0
+        while have < n:
+            if self._member is None and not self._start_member():
+                break
+            data = self._member.decompress(self._input, n - have)
+            if self._member.eof:
+                self._input, self._member = self._member.unused_data, None
+            else:
+                self._input = self._member.unconsumed_tail
+                if not data and not self._input:
+                    self._input = self._raw.read(self.PIECE)
+                    if not self._input:
+                        raise EOFError("the compressed data ends inside a gzip member")
+            parts.append(data)
+            have += len(data)
+        return b"".join(parts)
+
+    def _start_member(self) -> bool:
+        """Begins the next member; False at the end of the stream."""
+        while not self._input.lstrip(b"\0"):
+            self._input = self._raw.read(self.PIECE)
+            if not self._input:
+                return False
+        self._input = self._input.lstrip(b"\0")
+        self._member = zlib.decompressobj(wbits=31)
+        return True
+
+
 class IdxStream:
     """Reads a gzip-compressed IDX file front to back, a block of rows at a time.
 
@@ -102,7 +150,7 @@ class IdxStream:
     """
 
     def __init__(self, raw, expected_magic: int, origin: str):
-        self._gz = gzip.GzipFile(fileobj=raw, mode="rb")
+        self._gz = GzipReader(raw)
         self._origin = origin
         head = self._read(4)
         if len(head) < 4:

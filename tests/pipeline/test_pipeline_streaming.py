@@ -2,6 +2,7 @@
 
 import gzip
 import io
+import zlib
 
 import numpy as np
 import pytest
@@ -84,3 +85,32 @@ def test_idx_source_yields_batches_in_order(tmp_path, digits, monkeypatch):
                                   np.arange(360))
     np.testing.assert_array_equal(np.concatenate([b.images for b in batches]),
                                   digits["train"][0])
+
+
+_DATA = np.random.default_rng(5).bytes(5000) + b"a" * 300_000  # long enough for many pieces
+
+
+@pytest.mark.parametrize("stored", [
+    gzip.compress(_DATA), gzip.compress(_DATA) + gzip.compress(b"xyz"),  # two members
+    gzip.compress(_DATA) + b"\0" * 10, b""])  # zero padding at the end, an empty stream
+@pytest.mark.parametrize("n", [1, 4096, 1 << 30])
+def test_gzip_reader_reads_what_gzip_reads(stored, n, monkeypatch):
+    monkeypatch.setattr(idx.GzipReader, "PIECE", 1000)
+    reader, parts = idx.GzipReader(io.BytesIO(stored)), []
+    while part := reader.read(n):
+        assert len(part) <= n
+        parts.append(part)
+    assert b"".join(parts) == gzip.decompress(stored)
+    assert n == 1 or all(len(part) == n for part in parts[:-1])
+
+
+@pytest.mark.parametrize("stored, error", [
+    (gzip.compress(_DATA)[:-30], EOFError),  # cut inside the member
+    (gzip.compress(_DATA)[:-3], EOFError),  # cut inside the trailer
+    (gzip.compress(_DATA)[:-8] + b"\0" * 8, zlib.error),  # wrong CRC and length
+    (b"not gzip", zlib.error), (gzip.compress(_DATA) + b"junk", zlib.error)])
+def test_gzip_reader_refuses_what_gzip_refuses(stored, error):
+    with pytest.raises((EOFError, OSError)):
+        gzip.decompress(stored)
+    with pytest.raises(error):
+        idx.GzipReader(io.BytesIO(stored)).read(1 << 30)
