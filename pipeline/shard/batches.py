@@ -114,7 +114,8 @@ def take_rows(array: np.ndarray, order: np.ndarray) -> np.ndarray:
 
 
 def _framed_blocks(values: dict, image_format: str) -> tuple[bytes, np.ndarray]:
-    """(the framed records of ``values`` back to back, each one's length).
+    """(the framed records of ``values`` back to back, as bytes or a uint8
+    array, each one's length).
 
     Fixed-width rows (`wire.encode_example_rows`) are framed by numpy when
     the format allows; records of another length than their neighbours
@@ -127,7 +128,7 @@ def _framed_blocks(values: dict, image_format: str) -> tuple[bytes, np.ndarray]:
         return b"".join(framed), np.fromiter(map(len, framed), np.int64, len(framed))
     if len(blocks) == 1:
         rows = framing.frame_rows(blocks[0][1])
-        return rows.tobytes(), np.full(len(rows), rows.shape[1], np.int64)
+        return rows.reshape(-1), np.full(len(rows), rows.shape[1], np.int64)
     n = sum(len(positions) for positions, _ in blocks)
     parts: list = [b""] * n
     lengths = np.empty(n, np.int64)

@@ -176,6 +176,7 @@ def write_spill(path: str, buckets: np.ndarray, keys: np.ndarray, data: bytes,
         for part in (data, key_bytes, length_bytes):
             f.write(part)
     ends = np.cumsum(lengths)
+    data = np.frombuffer(data, np.uint8)  # slices of it are views, not copies
     ids, first = np.unique(buckets, return_index=True)
     bounds = np.r_[first, len(lengths)].astype(np.int64)
     offsets = np.r_[0, ends][bounds].tolist()
@@ -210,10 +211,11 @@ class _RangeReader:
             raise IOError(f"spill file damaged: {path}: ends {end - self.offset - len(data)} "
                           f"bytes early, at byte {self.offset + len(data)}")
         at = self.offset
+        view = np.frombuffer(data, np.uint8)  # slices of it are views, not copies
         check_ends, crcs = self._spill.ends, self._spill.crcs
         while at < end:
             stop = min(end, int(check_ends[self._check]))
-            self._crc = google_crc32c.extend(self._crc, data[at - self.offset:stop - self.offset])
+            self._crc = google_crc32c.extend(self._crc, view[at - self.offset:stop - self.offset])
             if stop == check_ends[self._check]:
                 if self._crc != crcs[self._check]:
                     begin = int(check_ends[self._check - 1]) if self._check else \

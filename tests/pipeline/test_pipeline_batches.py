@@ -67,7 +67,7 @@ def test_spill_batch_is_the_framed_records_in_key_order(image_format, first_inde
     framed = framing.frame_records(wire.encode_examples(
         {contract.IMAGE_KEY: batch.images, contract.LABEL_KEY: batch.labels,
          contract.INDEX_KEY: batch.indices}, image_format))
-    assert data == b"".join(framed[i] for i in order)
+    assert bytes(memoryview(data)) == b"".join(framed[i] for i in order)
     assert lengths.tolist() == [len(framed[i]) for i in order]
     assert np.array_equal(keys, expected_keys[order])
     assert buckets.tolist() == batches.buckets_of(expected_keys[order], 6).tolist()
