@@ -34,6 +34,8 @@ from pipeline.shard.batches import in_key_order, key_order
 from pipeline.shard.config import KEY_BYTES, SHARDS
 from pipeline.shard.overlap import InOrder
 
+_WRITE_BYTES = 1 << 20  # bytes a shard writer gathers before it writes
+
 
 class ShardFileWriter:
     """Writes framed records to ``path``, counting and hashing the stored bytes."""
@@ -67,14 +69,14 @@ class ShardFileWriter:
     def write_block(self, framed, count: int = 1) -> None:
         """Writes ``count`` records already in TFRecord framing, joined (bytes or
         a uint8 array, which must not change afterwards: it is written later)."""
-        if not self._pending and len(framed) >= 1 << 20:
+        if not self._pending and len(framed) >= _WRITE_BYTES:
             self.num_examples += count
             self._emit(framed)
             return
         self._pending.append(framed)
         self._pending_bytes += len(framed)
         self.num_examples += count
-        if self._pending_bytes >= 1 << 20:
+        if self._pending_bytes >= _WRITE_BYTES:
             self._emit(b"".join(self._pending))
             self._pending, self._pending_bytes = [], 0
 
@@ -160,12 +162,13 @@ class SpillFile:
                           self.index_offset)
 
 
-def write_spill(path: str, buckets: np.ndarray, keys: np.ndarray, data: bytes,
+def write_spill(path: str, buckets: np.ndarray, keys: np.ndarray, data,
                 lengths: np.ndarray) -> SpillFile:
     """Writes one spill file: framed records already in key order, then its footer.
 
     ``buckets`` [n] and ``keys`` [n, 16] are the records' in the same order,
-    ``data`` the records back to back and ``lengths`` [n] each one's bytes.
+    ``data`` the records back to back (bytes or uint8) and ``lengths`` [n]
+    each one's bytes.
     """
     lengths = np.asarray(lengths, np.int64)
     if not in_key_order(keys):
@@ -258,7 +261,7 @@ def gather_records(buffers: dict, src: np.ndarray, at: np.ndarray, sizes: np.nda
 
 
 def merge_spill_ranges(ranges: Sequence[SpillRange], memory_bytes: int
-                       ) -> Iterator[tuple[bytes, int]]:
+                       ) -> Iterator[tuple[np.ndarray, int]]:
     """Yields (framed records, count) blocks of the key-order merge of ``ranges``.
 
     The merged order is one numpy sort of the ranges' keys; blocks of about
