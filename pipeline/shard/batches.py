@@ -113,7 +113,7 @@ def take_rows(array: np.ndarray, order: np.ndarray) -> np.ndarray:
     return rows[order].view(array.dtype).reshape((len(order),) + array.shape[1:])
 
 
-def _framed_blocks(values: dict, image_format: str) -> tuple[bytes, np.ndarray]:
+def _framed_blocks(values: dict, image_format: str) -> tuple[object, np.ndarray]:
     """(the framed records of ``values`` back to back, as bytes or a uint8
     array, each one's length).
 

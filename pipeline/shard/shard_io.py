@@ -51,7 +51,7 @@ class ShardFileWriter:
         self._pending_bytes = 0
         self._io = InOrder()  # compress, write and hash beside the caller's work
 
-    def _store(self, data: bytes, last: bool = False) -> None:
+    def _store(self, data, last: bool = False) -> None:
         if self._gzip:
             data = self._gzip.compress(data) + (self._gzip.flush() if last else b"")
         if len(data):
@@ -59,7 +59,7 @@ class ShardFileWriter:
             self._sha256.update(data)
             self.num_bytes += len(data)
 
-    def _emit(self, data: bytes, last: bool = False) -> None:
+    def _emit(self, data, last: bool = False) -> None:
         stop.raise_if_requested()  # an in-process worker of a stopped job writes no more
         self._io.submit(self._store, data, last)
 
@@ -69,13 +69,12 @@ class ShardFileWriter:
     def write_block(self, framed, count: int = 1) -> None:
         """Writes ``count`` records already in TFRecord framing, joined (bytes or
         a uint8 array, which must not change afterwards: it is written later)."""
+        self.num_examples += count
         if not self._pending and len(framed) >= _WRITE_BYTES:
-            self.num_examples += count
             self._emit(framed)
             return
         self._pending.append(framed)
         self._pending_bytes += len(framed)
-        self.num_examples += count
         if self._pending_bytes >= _WRITE_BYTES:
             self._emit(b"".join(self._pending))
             self._pending, self._pending_bytes = [], 0
@@ -254,8 +253,8 @@ def gather_records(buffers: dict, src: np.ndarray, at: np.ndarray, sizes: np.nda
     order = np.argsort(group, kind="stable")
     groups, firsts = np.unique(group[order], return_index=True)
     for g, members in zip(groups.tolist(), np.split(order, firsts[1:])):
-        r, size = divmod(g, len(sizes_seen))
-        size = int(sizes_seen[size])
+        r, which = divmod(g, len(sizes_seen))
+        size = int(sizes_seen[which])
         _items(out, size)[out_at[members]] = _items(buffers[r], size)[at[members]]
     return out
 
