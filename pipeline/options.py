@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import functools
 import math
 import sys
@@ -174,10 +175,23 @@ def _target_bytes(args) -> int:
     return int(args.target_shard_mb * MB)
 
 
-def check_values(args) -> list[str]:
-    """Refuses values no run could use; returns the splits to convert."""
+def _misspelled(flag: str, leftover: Sequence[str]) -> str:
+    """", --outptu is not a flag (did you mean --output?)" when a flag the job
+    did not take is close to ``flag``; "" otherwise."""
+    names = [a.split("=", 1)[0] for a in leftover if a.startswith("--")]
+    close = difflib.get_close_matches(flag, names, n=1, cutoff=0.75)
+    return f"; {close[0]} is not a flag (did you mean {flag}?)" if close else ""
+
+
+def check_values(args, leftover: Sequence[str] = ()) -> list[str]:
+    """Refuses values no run could use; returns the splits to convert.
+
+    ``leftover`` (the flags the job did not take) names a misspelled
+    ``--output``, which would otherwise only read as a missing one.
+    """
     if not args.output:
-        raise FlagError("--output is required (a folder or gs://bucket/prefix)")
+        raise FlagError("--output is required (a folder or gs://bucket/prefix)"
+                        + _misspelled("--output", leftover))
     mb = args.target_shard_mb
     if not math.isfinite(mb) or mb <= 0:
         raise FlagError(f"--target_shard_mb={mb}: must be a finite number > 0")
@@ -250,7 +264,7 @@ def parse(argv: Sequence[str]) -> Options:
     its symptoms. Beam's flags, the runner and ``--source`` come after.
     """
     args, beam_args = parse_job_flags(argv)
-    splits = check_values(args)
+    splits = check_values(args, beam_args)
     beam_values = _beam_values(beam_args)
     credentials.require([args.output, args.source, *beam_locations(beam_values)],
                         beam_values.runner)

@@ -44,6 +44,19 @@ def test_values_no_run_could_use_are_refused(flag, problem):
     assert "\n" not in str(caught.value)
 
 
+@pytest.mark.parametrize("argv, hint", [
+    (["--outptu=/tmp/x"], "; --outptu is not a flag (did you mean --output?)"),
+    (["--output_dir", "/tmp/x", "--runner=DirectRunner"],
+     "; --output_dir is not a flag (did you mean --output?)"),
+    (["--runner=DirectRunner"], ""),
+    (["--temp_location=/tmp/t"], ""),
+])
+def test_a_missing_output_names_the_flag_it_was_probably_meant_as(argv, hint):
+    with pytest.raises(options.FlagError) as caught:
+        options.parse(["--source=synthetic:10", *argv])
+    assert str(caught.value) == "--output is required (a folder or gs://bucket/prefix)" + hint
+
+
 def test_parse_errors_are_one_line_flag_errors():
     with pytest.raises(options.FlagError, match="--min_shards: invalid int value: 'x'"):
         options.parse_job_flags(["--min_shards=x"])
