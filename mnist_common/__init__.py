@@ -8,4 +8,6 @@ time).
                    (local disk, gs://), with the guarantee each one gives
     console        what the command-line programs print and how they exit:
                    TensorFlow's start-up kept quiet, the exit-status table
+    flags          usage errors as one line, naming the flag a misspelled
+                   one was probably meant as
 """

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import functools
 import math
 import sys
@@ -23,6 +22,7 @@ from typing import Any, Sequence
 
 import mnist_contract as contract
 
+from mnist_common.flags import OneLineParser, misspelling, option_strings
 from pipeline import _compat, credentials
 from pipeline.errors import PipelineInputError
 from pipeline.shard.config import MB, SHARDS
@@ -119,11 +119,11 @@ def _add_conversion_arguments(parser) -> None:
         help="data_dir for --source=tfds (default: TFDS's, ~/tensorflow_datasets).")
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    """An argparse parser that raises FlagError (one line) instead of printing usage."""
+class _OneLineParser(OneLineParser):
+    """A `OneLineParser` whose usage error is a `FlagError`, which the job reports."""
 
-    def error(self, message):
-        raise FlagError(f"{message} (see --help)")
+    def usage_error(self, message: str):
+        raise FlagError(message)
 
 
 def build_parser(prog: str = "python -m pipeline") -> argparse.ArgumentParser:
@@ -175,14 +175,6 @@ def _target_bytes(args) -> int:
     return int(args.target_shard_mb * MB)
 
 
-def _misspelled(flag: str, leftover: Sequence[str]) -> str:
-    """", --outptu is not a flag (did you mean --output?)" when a flag the job
-    did not take is close to ``flag``; "" otherwise."""
-    names = [a.split("=", 1)[0] for a in leftover if a.startswith("--")]
-    close = difflib.get_close_matches(flag, names, n=1, cutoff=0.75)
-    return f"; {close[0]} is not a flag (did you mean {flag}?)" if close else ""
-
-
 def check_values(args, leftover: Sequence[str] = ()) -> list[str]:
     """Refuses values no run could use; returns the splits to convert.
 
@@ -191,7 +183,7 @@ def check_values(args, leftover: Sequence[str] = ()) -> list[str]:
     """
     if not args.output:
         raise FlagError("--output is required (a folder or gs://bucket/prefix)"
-                        + _misspelled("--output", leftover))
+                        + misspelling(leftover, ["--output"]))
     mb = args.target_shard_mb
     if not math.isfinite(mb) or mb <= 0:
         raise FlagError(f"--target_shard_mb={mb}: must be a finite number > 0")
@@ -303,13 +295,15 @@ def _checked_runner(args, beam, beam_args: Sequence[str], splits: list[str]) -> 
         raise PipelineInputError(f"--splits={args.splits}: a split is named twice")
     runner = beam.view_as(StandardOptions).runner
     try:
-        unknown = unknown_flags(beam_args, runner)
+        parser = every_flag_parser(runner)
     except (ValueError, ImportError) as e:
         raise PipelineInputError(f"--runner={runner}: {e}") from None
+    _, unknown = parser.parse_known_args(list(beam_args))
+    known = option_strings(parser)
     if unknown:
         raise PipelineInputError(
             f"unknown flag(s) {' '.join(unknown)}: neither a job option nor a "
-            "Beam option (see python -m pipeline --help)")
+            "Beam option" + misspelling(unknown, known) + " (see python -m pipeline --help)")
     if "Dataflow" in runner:
         if not args.output.startswith("gs://"):
             raise PipelineInputError(
@@ -349,8 +343,14 @@ def unknown_flags(argv: Sequence[str], runner: str | None) -> list[str]:
     """The arguments that neither the job nor any Beam option class defines.
 
     Beam itself only logs "Discarding unparseable args" for them, so a
-    misspelled flag would silently fall back to its default. The runner's own
-    module is imported first, as running would, so its option classes count.
+    misspelled flag would silently fall back to its default.
+    """
+    return every_flag_parser(runner).parse_known_args(list(argv))[1]
+
+
+def every_flag_parser(runner: str | None):
+    """A parser of the job's flags and every Beam option class's. The runner's
+    own module is imported first, as running would, so its option classes count.
     """
     from apache_beam.options.pipeline_options import PipelineOptions
     if runner:
@@ -363,8 +363,7 @@ def unknown_flags(argv: Sequence[str], runner: str | None) -> list[str]:
         seen.setdefault(str(cls), cls)
     for cls in seen.values():
         _compat.add_option_class_arguments(parser, cls)
-    _, unknown = parser.parse_known_args(list(argv))
-    return unknown
+    return parser
 
 
 def print_error(message: str) -> None:

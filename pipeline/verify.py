@@ -24,6 +24,7 @@ from typing import BinaryIO, Callable, Optional
 
 import mnist_contract as contract
 from mnist_common import console
+from mnist_common.flags import OneLineParser
 from pipeline import credentials, faults, preview, stop, storage
 from pipeline.errors import PipelineError
 
@@ -152,15 +153,8 @@ def _help_text() -> str:
     return text[0].upper() + text[1:]
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    """Usage errors as one line ``error: ...`` and exit status 2, as the job's."""
-
-    def error(self, message):
-        self.exit(console.BAD_INPUT, f"error: {message} (see --help)\n")
-
-
 def _parser() -> argparse.ArgumentParser:
-    parser = _OneLineParser(
+    parser = OneLineParser(
         prog="python -m pipeline.verify", allow_abbrev=False,
         usage="%(prog)s OUTPUT [--preview=FILE.png [--preview_count=N]]",
         description=_help_text(), formatter_class=argparse.RawDescriptionHelpFormatter,

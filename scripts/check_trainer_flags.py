@@ -33,7 +33,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except SystemExit as e:
         if not e.code:
             return 0  # --help
-        problem = usage.getvalue().strip().splitlines()[-1].split(": error: ", 1)[-1]
+        problem = usage.getvalue().strip().splitlines()[-1].removeprefix("error: ")
     else:
         return 0
     print(f"error: trainer flags: {problem}", file=sys.stderr)

@@ -23,6 +23,7 @@ import dataclasses
 import typing
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from mnist_common.flags import OneLineParser
 from trainer.errors import TrainerError
 from trainer.names import BATCH_NORM_MODELS, MODELS, OPTIMIZERS, PRECISIONS, SCHEDULES
 
@@ -351,7 +352,7 @@ def flag_parser() -> argparse.ArgumentParser:
     presets = "; ".join(
         f"{name}: " + (", ".join(f"{k}={_show(v)}" for k, v in values.items())
                        or "the defaults shown") for name, values in PRESETS.items())
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="python -m trainer", argument_default=argparse.SUPPRESS,
         allow_abbrev=False,  # --res would be --restart, which deletes checkpoints
         description="Train an MNIST CNN on the pipeline's TFRecords "

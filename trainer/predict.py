@@ -29,6 +29,7 @@ from typing import Iterator, Optional, Sequence
 
 import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 from mnist_common import console
+from mnist_common.flags import OneLineParser
 
 if __name__ == "__main__":  # the command, not an import: before TensorFlow loads
     console.import_tensorflow_quietly()
@@ -155,7 +156,7 @@ def evaluate_split(signature, data_dir: str, split: str, limit: Optional[int],
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="python -m trainer.predict", allow_abbrev=False,
         description="Predict digits with a trained model's export: PNG files, or a "
                     "split of the conversion job's output (then also the accuracy).")

@@ -25,7 +25,8 @@ def test_unknown_flag_is_one_line_exit_2_and_nothing_written(tmp_path, capsys,
                  "--bogus_flag=1"]) == 2
     lines, err = error_lines(capsys)
     assert lines == ["error: unknown flag(s) --target_shard_mbb=5 --bogus_flag=1: "
-                     "neither a job option nor a Beam option (see python -m pipeline "
+                     "neither a job option nor a Beam option; did you mean "
+                     "--target_shard_mb, not --target_shard_mbb? (see python -m pipeline "
                      "--help)"], err
     assert not out.exists()
     # Credentials are checked before Beam's flags; here Dataflow's are taken as present,
@@ -36,14 +37,17 @@ def test_unknown_flag_is_one_line_exit_2_and_nothing_written(tmp_path, capsys,
                  "--bogus_flag"])
 
 
-@pytest.mark.parametrize("abbreviation", ["--over", "--target_shard=5"])
-def test_abbreviated_flag_is_refused(tmp_path, capsys, abbreviation):
+@pytest.mark.parametrize("abbreviation, meant", [
+    ("--over", "--overwrite"), ("--target_shard=5", "--target_shard_mb")])
+def test_abbreviated_flag_is_refused(tmp_path, capsys, abbreviation, meant):
     """``--over`` is not ``--overwrite``: flags are spelled out."""
     out = tmp_path / "out"
     assert main(["--source=sample", f"--output={out}", abbreviation]) == 2
     lines, err = error_lines(capsys)
+    name = abbreviation.split("=")[0]
     assert lines == [f"error: unknown flag(s) {abbreviation}: neither a job option nor "
-                     "a Beam option (see python -m pipeline --help)"], err
+                     f"a Beam option; did you mean {meant}, not {name}? "
+                     "(see python -m pipeline --help)"], err
     assert not out.exists()
 
 

@@ -45,9 +45,9 @@ def test_values_no_run_could_use_are_refused(flag, problem):
 
 
 @pytest.mark.parametrize("argv, hint", [
-    (["--outptu=/tmp/x"], "; --outptu is not a flag (did you mean --output?)"),
+    (["--outptu=/tmp/x"], "; did you mean --output, not --outptu?"),
     (["--output_dir", "/tmp/x", "--runner=DirectRunner"],
-     "; --output_dir is not a flag (did you mean --output?)"),
+     "; did you mean --output, not --output_dir?"),
     (["--runner=DirectRunner"], ""),
     (["--temp_location=/tmp/t"], ""),
 ])

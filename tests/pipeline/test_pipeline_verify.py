@@ -106,7 +106,8 @@ def test_abbreviated_flag_is_refused(dataset, capsys, tmp_path):
         main([str(dataset), f"--prev={tmp_path}/preview.png"])
     assert stopped.value.code == 2
     assert capsys.readouterr().err.splitlines() == [
-        f"error: unrecognized arguments: --prev={tmp_path}/preview.png (see --help)"]
+        f"error: unrecognized arguments: --prev={tmp_path}/preview.png; "
+        "did you mean --preview, not --prev? (see --help)"]
     assert not (tmp_path / "preview.png").exists()
 
 

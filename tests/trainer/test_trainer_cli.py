@@ -349,14 +349,23 @@ def test_the_bare_command_trains_the_cpu_recipe_off_a_tpu(trainer_dataset, tmp_p
     (["--loop=estimator"], "argument --loop: invalid choice: 'estimator'"),
     (["--preset=gpu"], "argument --preset: invalid choice: 'gpu'"),
     # No abbreviations: --res would be --restart, which deletes the checkpoints.
-    (["--res"], "unrecognized arguments: --res"),
-    (["--epoch=2"], "unrecognized arguments: --epoch=2"),
+    (["--res"], "unrecognized arguments: --res; did you mean --restart, not --res?"),
+    (["--epoch=2"], "unrecognized arguments: --epoch=2; did you mean --epochs, not --epoch?"),
 ])
 def test_bad_flags_are_usage_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["--data=d", "--model_dir=m", *argv])
     assert exit_info.value.code == 2
-    assert message in capsys.readouterr().err
+    line, = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"error: {message}") and line.endswith(" (see --help)"), line
+
+
+def test_a_misspelled_required_flag_is_named(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--dat=d", "--model_dir=m"])
+    assert capsys.readouterr().err.splitlines() == [
+        "error: the following arguments are required: --data; "
+        "did you mean --data, not --dat? (see --help)"]
 
 
 @pytest.mark.parametrize("kwargs,message", [

@@ -285,7 +285,8 @@ def test_predict_takes_no_abbreviated_flags(capsys):
     with pytest.raises(SystemExit) as exit_info:
         predict.main(["--model_dir=m", "--dat=d"])
     assert exit_info.value.code == 2
-    assert "unrecognized arguments: --dat=d" in capsys.readouterr().err
+    assert capsys.readouterr().err.splitlines() == [
+        "error: unrecognized arguments: --dat=d; did you mean --data, not --dat? (see --help)"]
 
 
 def test_the_optimizer_warms_up_over_the_configs_warmup_in_steps(monkeypatch):
