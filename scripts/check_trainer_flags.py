@@ -4,37 +4,24 @@ trainer would take these flags, else one line ``error: trainer flags: ...`` and 
 
 `scripts/run_local.sh` asks before it replaces anything, so a typo or a
 value the trainer refuses (``--epochs=0``) costs nothing. The answer is the
-trainer's own parser's (`trainer.config.parse_flags`: argparse, then every
+trainer's own parser's (`trainer.config.flag_problem`: argparse, then every
 check of `trainer.config.TrainConfig`), which loads no TensorFlow;
 ``--preset=auto`` is settled as a machine without a TPU, as the demo is.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout's trainer
-from trainer.config import parse_flags  # noqa: E402
-from trainer.errors import TrainerError  # noqa: E402
+from trainer.config import flag_problem  # noqa: E402
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    usage = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(usage):  # argparse's usage text: one line kept
-            parse_flags(sys.argv[1:] if argv is None else list(argv),
-                        on_tpu=lambda config: False)
-    except TrainerError as e:
-        problem = str(e)
-    except SystemExit as e:
-        if not e.code:
-            return 0  # --help
-        problem = usage.getvalue().strip().splitlines()[-1].removeprefix("error: ")
-    else:
+    problem = flag_problem(sys.argv[1:] if argv is None else list(argv), on_tpu=False)
+    if problem is None:
         return 0
     print(f"error: trainer flags: {problem}", file=sys.stderr)
     return 2

@@ -42,7 +42,9 @@ run     a spot run from start to result: create (``--queued``: a queued
 ``--preset=tpu`` (the trainer's TPU recipe: the CPU recipe's convnet,
 augmentation and schedule at global batch 1024, bfloat16, 50 steps per
 execution, records cached) comes first, so trainer arguments given
-here override its values; a ``--preset`` given here replaces it.
+here override its values; a ``--preset`` given here replaces it. The
+trainer's own parser checks them here first: a flag it refuses ends the
+launch with one line before any VM exists.
 
 TensorFlow on the TPU VM. The project pins tensorflow==2.21.0, but that wheel
 is built without TPU support: only the separate ``tensorflow-tpu`` wheel is
@@ -100,7 +102,7 @@ from spot_cloud import Cloud  # noqa: E402
 from tpu_vm_commands import (DEFAULT_DIST_DIR, DEFAULT_LIBTPU,  # noqa: E402
                              DEFAULT_TENSORFLOW, PREINSTALLED, REMOTE_DIR, TpuConfig,
                              exit_note, manifest_command, parse_status, phases,
-                             plan, summarize_status)
+                             plan, summarize_status, trainer_command)
 from mnist_contract import (MANIFEST_FILE, ContractError, Manifest,  # noqa: E402
                             join_path)  # (on the path: tpu_vm_commands)
 
@@ -291,7 +293,20 @@ def resolve_config(args: argparse.Namespace, trainer_args: Sequence[str],
                                     "--tpu"):
             raise lc.ConfigError(f"{arg.split('=', 1)[0]} is set by this "
                                  "launcher; drop it")
+    if "train" in steps:
+        _check_trainer_args(cfg)
     return cfg
+
+
+def _check_trainer_args(cfg: TpuConfig) -> None:
+    """The trainer's own answer to the command the hosts will run, asked here
+    before a TPU VM is created: a misspelled flag or a value the trainer
+    refuses would otherwise end the run only once the VM is up and set up.
+    `trainer.config` loads no TensorFlow (the standard library is enough)."""
+    from trainer.config import flag_problem
+    problem = flag_problem(trainer_command(cfg)[3:], on_tpu=True)
+    if problem:
+        raise lc.ConfigError(f"trainer arguments: {problem}")
 
 
 def _check_step_flags(args: argparse.Namespace, steps: Sequence[str],

@@ -343,7 +343,7 @@ def _show(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def flag_parser() -> argparse.ArgumentParser:
+def flag_parser(parser_class: type = OneLineParser) -> argparse.ArgumentParser:
     """An argparse parser with one flag per `TrainConfig` field, plus ``--preset``.
 
     Unset flags stay absent from the result (``SUPPRESS``), so a preset's
@@ -352,7 +352,7 @@ def flag_parser() -> argparse.ArgumentParser:
     presets = "; ".join(
         f"{name}: " + (", ".join(f"{k}={_show(v)}" for k, v in values.items())
                        or "the defaults shown") for name, values in PRESETS.items())
-    p = OneLineParser(
+    p = parser_class(
         prog="python -m trainer", argument_default=argparse.SUPPRESS,
         allow_abbrev=False,  # --res would be --restart, which deletes checkpoints
         description="Train an MNIST CNN on the pipeline's TFRecords "
@@ -387,11 +387,32 @@ def flag_parser() -> argparse.ArgumentParser:
 
 
 def parse_flags(argv: Optional[Sequence[str]] = None, *,
-                on_tpu: Callable[[TrainConfig], bool] = strategy_is_tpu) -> TrainConfig:
+                on_tpu: Callable[[TrainConfig], bool] = strategy_is_tpu,
+                parser_class: type = OneLineParser) -> TrainConfig:
     """Flags → `TrainConfig`: preset values first, then the flags given.
 
     ``on_tpu`` settles ``--preset=auto`` (see `from_preset`).
     """
-    given = vars(flag_parser().parse_args(argv))
+    given = vars(flag_parser(parser_class).parse_args(argv))
     preset = given.pop("preset")
     return from_preset(preset, on_tpu=on_tpu, **given)
+
+
+class _UsageErrorRaised(OneLineParser):
+    def usage_error(self, message: str):
+        raise TrainerError(message)
+
+
+def flag_problem(argv: Sequence[str], *, on_tpu: bool) -> Optional[str]:
+    """What `parse_flags` refuses in ``argv``, as one line; None when it takes them.
+
+    Prints nothing and loads no TensorFlow (the standard library is enough),
+    so a launcher asks before it spends anything: `scripts/run_local.sh`
+    before it replaces its folders, `scripts/launch_tpu_vm.py` before it
+    creates a TPU VM. ``on_tpu`` settles ``--preset=auto``.
+    """
+    try:
+        parse_flags(list(argv), on_tpu=lambda config: on_tpu, parser_class=_UsageErrorRaised)
+    except TrainerError as e:
+        return str(e)
+    return None

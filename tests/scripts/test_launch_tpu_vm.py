@@ -638,6 +638,25 @@ def test_tpu_invalid_setting_is_a_clear_error(step, extra, message):
     assert proc.stderr.startswith("error: " + message)
 
 
+@pytest.mark.parametrize("step, trainer_args, message", [
+    ("all", ["--epoch=3"], "unrecognized arguments: --epoch=3; did you mean --epochs, "
+                           "not --epoch? (see --help)"),
+    ("run", ["--epochs=0"], "--epochs must be >= 1, not 0"),
+    ("train", ["--preset=cpu", "--global_batch_size=0"],
+     "--global_batch_size must be >= 1, not 0"),
+])
+def test_trainer_arguments_the_trainer_refuses_stop_the_launch_before_the_cloud(
+        tmp_path, step, trainer_args, message):
+    """The trainer's own parser answers here, before a TPU VM is created: the
+    fake gcloud is never called."""
+    env, log, python = fake_cloud(tmp_path)
+    proc = run_script("launch_tpu_vm.py", step, *TPU_ARGS, *trainer_args,
+                      f"--python={python}", f"--dist_dir={tmp_path / 'd'}", env=env)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines() == [f"error: trainer arguments: {message}"]
+    assert not log.exists()  # neither gcloud nor the wheel build ran
+
+
 def test_tpu_all_interrupted_while_waiting_still_deletes(tmp_path):
     env, log, python = fake_cloud(tmp_path)
     gcloud = Path(env["PATH"].split(os.pathsep)[0]) / "gcloud"
