@@ -86,9 +86,42 @@ mark() {  # FOLDER: made here, if local and new or empty
   fi
 }
 
+CLAIMED=()
+release() {
+  if ((${#CLAIMED[@]})); then rm -f -- "${CLAIMED[@]}"; fi
+}
+trap release EXIT
+# NAME FOLDER: the folder is this run's alone until it exits. The claim is a
+# symlink beside the folder naming this shell's pid (made atomically); one
+# whose process is gone (a killed run) is taken over.
+claim() {
+  [[ "$2" == *://* ]] && return 0
+  local lock="${2%/}.run_local.lock" holder
+  mkdir -p -- "$(dirname -- "$lock")"
+  for _ in 1 2; do
+    if ln -s "$$" "$lock" 2>/dev/null; then
+      CLAIMED+=("$lock")
+      return 0
+    fi
+    holder="$(readlink -- "$lock" 2>/dev/null || true)"
+    if [[ "$holder" =~ ^[0-9]+$ ]] && kill -0 "$holder" 2>/dev/null; then
+      echo "error: $1=$2: in use by another run of this script (pid $holder, $lock);" \
+        "wait for it to end or pick another $1" >&2
+      exit 2
+    fi
+    rm -f -- "$lock"
+  done
+  echo "error: $1=$2: could not claim $lock" >&2
+  exit 2
+}
+
 refuse_unless_made_here DATA "$DATA" "or"
 if [[ "${RESUME:-0}" != 1 ]]; then
   refuse_unless_made_here MODEL_DIR "$MODEL_DIR" "resume it with RESUME=1 or"
+fi
+claim DATA "$DATA"
+claim MODEL_DIR "$MODEL_DIR"
+if [[ "${RESUME:-0}" != 1 ]]; then
   if made_here "$MODEL_DIR"; then
     rm -rf -- "$MODEL_DIR"
   fi
