@@ -59,6 +59,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import launch_common as lc  # noqa: E402
 
+sys.path.insert(1, str(lc.REPO_ROOT))
+from mnist_common.flags import OneLineParser  # noqa: E402  (standard library only)
+
 DEFAULT_DIST_DIR = lc.REPO_ROOT / "dist" / "dataflow"
 REQUIREMENTS_NAME = "dataflow-requirements.txt"
 # Dataflow job names: lowercase letters, digits and hyphens, starting with a
@@ -96,7 +99,7 @@ def default_job_name(now: _dt.datetime | None = None) -> str:
 
 
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         allow_abbrev=False,
         description="Run `python -m pipeline` on Dataflow with this project "
                     "staged on the workers. Unknown arguments go to the "

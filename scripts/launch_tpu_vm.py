@@ -105,6 +105,7 @@ from tpu_vm_commands import (DEFAULT_DIST_DIR, DEFAULT_LIBTPU,  # noqa: E402
                              plan, summarize_status, trainer_command)
 from mnist_contract import (MANIFEST_FILE, ContractError, Manifest,  # noqa: E402
                             join_path)  # (on the path: tpu_vm_commands)
+from mnist_common.flags import OneLineParser  # noqa: E402
 
 STEPS = ("create", "setup", "train", "wait", "delete")
 # Steps that only talk to an existing VM: they need its name and zone alone.
@@ -260,7 +261,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     common.add_argument("--dry_run", action="store_true",
                         help="print the commands a run executes, and exit")
     _add_run_flags(common)
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         allow_abbrev=False,
         description="Cloud TPU VM launcher for the trainer. Unknown "
                     "arguments go to `python -m trainer`.",

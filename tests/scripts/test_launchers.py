@@ -345,3 +345,18 @@ printf '%s\\n' "$*" >> {shlex.quote(str(log))}
     subprocess.run(["bash", str(SCRIPTS / "run_tests.sh")], check=True,
                    env=clean_env(PYTHON=str(fake), TEST_WORKERS="0"), timeout=30)
     assert "-m pytest -q -n 0 --dist loadfile" in log.read_text().splitlines()
+
+
+@pytest.mark.parametrize("script, argv, line", [
+    ("launch_tpu_vm.py", ["crate"], "error: argument step: invalid choice: 'crate' (choose "
+     "from 'create', 'setup', 'train', 'wait', 'delete', 'status', 'logs', 'all', 'run') "
+     "(see --help)"),
+    ("launch_tpu_vm.py", ["all", "--poll_seconds=soon"],
+     "error: argument --poll_seconds: invalid float value: 'soon' (see --help)"),
+    ("launch_dataflow.py", ["--num_workers=many"],
+     "error: argument --num_workers: invalid int value: 'many' (see --help)"),
+])
+def test_a_launcher_usage_error_is_one_line(script, argv, line):
+    proc = run_script(script, *argv)
+    assert proc.returncode == 2
+    assert (proc.stdout, proc.stderr.splitlines()) == ("", [line])
