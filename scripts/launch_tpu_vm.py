@@ -304,7 +304,7 @@ def _check_trainer_args(cfg: TpuConfig) -> None:
     before a TPU VM is created: a misspelled flag or a value the trainer
     refuses would otherwise end the run only once the VM is up and set up.
     `trainer.config` loads no TensorFlow (the standard library is enough)."""
-    from trainer.config import flag_problem
+    from trainer.config import flag_problem  # the checkout's (on the path: tpu_vm_commands)
     problem = flag_problem(trainer_command(cfg)[3:], on_tpu=True)
     if problem:
         raise lc.ConfigError(f"trainer arguments: {problem}")

@@ -406,8 +406,9 @@ class _UsageErrorRaised(OneLineParser):
 def flag_problem(argv: Sequence[str], *, on_tpu: bool) -> Optional[str]:
     """What `parse_flags` refuses in ``argv``, as one line; None when it takes them.
 
-    Prints nothing and loads no TensorFlow (the standard library is enough),
-    so a launcher asks before it spends anything: `scripts/run_local.sh`
+    Prints nothing (``--help`` prints the help and exits, as the trainer
+    does) and loads no TensorFlow (the standard library is enough), so a
+    launcher asks before it spends anything: `scripts/run_local.sh`
     before it replaces its folders, `scripts/launch_tpu_vm.py` before it
     creates a TPU VM. ``on_tpu`` settles ``--preset=auto``.
     """
