@@ -133,9 +133,43 @@ fi
 mark "$DATA"
 mark "$MODEL_DIR"
 
+# Each step runs as its own job, and a SIGINT, SIGTERM or SIGHUP this script
+# receives (a terminal's Ctrl-C reaches this script alone) is passed on to it:
+# the pipeline or trainer stops as it does on that signal (the trainer saves
+# a checkpoint to resume from) and this script exits with its status. Between
+# steps a signal ends the script at once, with 128 + N.
+child=0
+on_signal() {  # NAME NUMBER
+  if ((child)); then
+    kill -s "$1" "$child" 2>/dev/null || true
+  else
+    exit $((128 + $2))
+  fi
+}
+trap 'on_signal INT 2' INT
+trap 'on_signal TERM 15' TERM
+trap 'on_signal HUP 1' HUP
+step() {  # COMMAND...: its exit status
+  local status=0 final
+  set -m
+  "$@" &
+  child=$!
+  set +m
+  while true; do
+    status=0
+    wait "$child" || status=$?
+    kill -0 "$child" 2>/dev/null || break
+  done
+  final=0
+  wait "$child" 2>/dev/null || final=$?
+  if ((final != 127)); then status=$final; fi
+  child=0
+  return "$status"
+}
+
 echo "== pipeline: offline sample -> $DATA" >&2
-"$PYTHON" -m pipeline --source=sample --output="$DATA" \
+step "$PYTHON" -m pipeline --source=sample --output="$DATA" \
   --runner=DirectRunner ${overwrite[@]+"${overwrite[@]}"}
 
 echo "== trainer: $DATA -> $MODEL_DIR (loop=$LOOP)" >&2
-"$PYTHON" -m trainer "${TRAINER_FLAGS[@]}"
+step "$PYTHON" -m trainer "${TRAINER_FLAGS[@]}"

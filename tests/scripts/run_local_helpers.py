@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 from tests.helpers import REPO
 
@@ -49,3 +50,38 @@ def calls(tmp_path) -> list[str]:
 def tree(folder) -> dict:
     return {str(p.relative_to(folder)): p.read_bytes() if p.is_file() else None
             for p in sorted(folder.rglob("*"))}
+
+
+# A stand-in interpreter whose pipeline call blocks until the file ``go``
+# appears beside it, and which records in ``signal`` a SIGINT, SIGTERM or
+# SIGHUP it receives meanwhile, exiting as Python would (128 + N).
+BLOCKING = """#!/bin/sh
+here="$(dirname "$0")"
+echo "$@" >> "$here/calls"
+case "$*" in *"-m pipeline"*)
+  trap 'echo INT > "$here/signal"; exit 130' INT
+  trap 'echo TERM > "$here/signal"; exit 143' TERM
+  trap 'echo HUP > "$here/signal"; exit 129' HUP
+  touch "$here/started"
+  while [ ! -e "$here/go" ]; do sleep 0.05; done ;;
+esac
+"""
+
+
+def start_blocked_run(checkout, tmp_path, model_dir, runs) -> subprocess.Popen:
+    """Starts run_local.sh with the `BLOCKING` stand-in (appended to ``runs``)
+    and returns once its pipeline call is blocked."""
+    stand_in = tmp_path / "python"
+    stand_in.write_text(BLOCKING)
+    env = dict(os.environ, PYTHON=str(stand_in), DATA=str(tmp_path / "data"),
+               MODEL_DIR=str(model_dir))
+    first = subprocess.Popen(["bash", str(checkout / "scripts" / "run_local.sh")],
+                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    runs.append(first)
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "started").exists():
+        assert first.poll() is None, first.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    return first

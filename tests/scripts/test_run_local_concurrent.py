@@ -3,7 +3,8 @@ touches anything, because it would delete the first one's MODEL_DIR under its
 trainer and overwrite the DATA that trainer reads.
 
 The first run's stand-in interpreter blocks inside its pipeline call until the
-test lets it go, so the second run starts while the first is mid-way.
+test lets it go (`start_blocked_run`), so the second run starts while the
+first is mid-way.
 """
 
 from __future__ import annotations
@@ -11,51 +12,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
-from tests.scripts.run_local_helpers import MARKER, calls, run_local, tree
-
-BLOCKING = """#!/bin/sh
-echo "$@" >> "$(dirname "$0")/calls"
-case "$*" in *"-m pipeline"*)
-  touch "$(dirname "$0")/started"
-  while [ ! -e "$(dirname "$0")/go" ]; do sleep 0.05; done ;;
-esac
-"""
-
-
-@pytest.fixture
-def blocked_runs(tmp_path):
-    """Started runs, let go and ended when the test ends, whatever happened."""
-    runs: list[subprocess.Popen] = []
-    yield runs
-    (tmp_path / "go").touch()
-    for run in runs:
-        try:
-            run.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            run.kill()
-            run.wait()
-
-
-def start_blocked_run(checkout, tmp_path, model_dir, runs) -> subprocess.Popen:
-    stand_in = tmp_path / "python"
-    stand_in.write_text(BLOCKING)
-    env = dict(os.environ, PYTHON=str(stand_in), DATA=str(tmp_path / "data"),
-               MODEL_DIR=str(model_dir))
-    first = subprocess.Popen(["bash", str(checkout / "scripts" / "run_local.sh")],
-                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
-    runs.append(first)
-    deadline = time.monotonic() + 60
-    while not (tmp_path / "started").exists():
-        assert first.poll() is None, first.communicate()
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    return first
-
+from tests.scripts.run_local_helpers import (MARKER, calls, run_local, start_blocked_run,
+                                             tree)
 
 @pytest.mark.parametrize("shared", ["both", "DATA"])
 def test_a_second_run_is_refused_while_the_first_runs(checkout, tmp_path, shared,
