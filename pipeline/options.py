@@ -299,11 +299,11 @@ def _checked_runner(args, beam, beam_args: Sequence[str], splits: list[str]) -> 
     except (ValueError, ImportError) as e:
         raise PipelineInputError(f"--runner={runner}: {e}") from None
     _, unknown = parser.parse_known_args(list(beam_args))
+    known = option_strings(parser)
     if unknown:
-        hint = misspelling(unknown, option_strings(parser))
         raise PipelineInputError(
             f"unknown flag(s) {' '.join(unknown)}: neither a job option nor a "
-            f"Beam option{hint} (see python -m pipeline --help)")
+            "Beam option" + misspelling(unknown, known) + " (see python -m pipeline --help)")
     if "Dataflow" in runner:
         if not args.output.startswith("gs://"):
             raise PipelineInputError(
