@@ -16,7 +16,8 @@ threads it starts and the worker processes they spawn (which inherit the
 blocked mask) never receive them, even when a terminal's Ctrl-C reaches the
 whole process group. On a stop the main thread sets `requested` (in-process
 workers stop at their next batch, `raise_if_requested`), kills the worker
-processes and waits a bounded time for the run's thread. From then on only
+processes (again while the run's thread may be starting more) and waits a
+bounded time for them to be dead and for that thread to end. From then on only
 the main thread writes to stderr, so the job's one line is the last.
 
 A step that must not be cut in the middle (taking or releasing the lock,
@@ -216,19 +217,49 @@ def run_in_thread(work: Callable[[], T]) -> T:
 
 def _halt(thread: threading.Thread) -> None:
     """Stops the run's workers: in-process ones at their next batch, worker
-    processes at once (SIGKILL); waits up to `HALT_WAIT_S` for ``thread`` and
-    the in-process writes under way (`writing`)."""
+    processes by SIGKILL, again and again while ``thread`` runs (it may be
+    starting one as the first are killed). Returns once the killed processes
+    are dead, the thread has ended and the in-process writes under way
+    (`writing`) are done, or `HALT_WAIT_S` has passed."""
     requested.set()
-    for pid in descendants(os.getpid()):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
     deadline = time.monotonic() + HALT_WAIT_S
-    thread.join(HALT_WAIT_S)
+    killed: set[int] = set()
+    while True:
+        killed |= _kill_all(descendants(os.getpid()))
+        if not thread.is_alive() or time.monotonic() >= deadline:
+            break
+        thread.join(0.05)
+    while [pid for pid in killed if _running(pid)] and time.monotonic() < deadline:
+        time.sleep(0.01)
     with _writers:
         _writers.wait_for(lambda: not _state["writers"],
                           max(0.0, deadline - time.monotonic()))
+
+
+def _kill_all(pids: list[int]) -> set[int]:
+    """SIGKILLs ``pids``; the ones it reached."""
+    reached = set()
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            reached.add(pid)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return reached
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` still runs: a zombie (dead, not yet reaped) does not."""
+    if os.path.isdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+        except OSError:
+            return False
+    import subprocess  # no /proc: ps says the state
+    state = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True,
+                           text=True, check=False).stdout.strip()
+    return bool(state) and not state.startswith("Z")
 
 
 def descendants(pid: int) -> list[int]:
