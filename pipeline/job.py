@@ -1,4 +1,5 @@
-"""The conversion job: the Beam run of one `pipeline.options.Options`, then an all-or-nothing finalize.
+"""The conversion job: the Beam run of one `pipeline.options.Options`, then an
+all-or-nothing finalize.
 
 The graph itself is in `pipeline.shard.transforms`. Only after the runner
 reports success does `finalize` move the shards under their final names and

@@ -25,7 +25,8 @@ def make_arrays(num_examples: int, seed: int, noise: float = 0.35):
     prototypes = np.random.default_rng(1234).random((contract.NUM_CLASSES,) + contract.IMAGE_SHAPE)
     rng = np.random.default_rng(seed)
     labels = rng.integers(0, contract.NUM_CLASSES, num_examples)
-    images = prototypes[labels] + noise * rng.standard_normal((num_examples,) + contract.IMAGE_SHAPE)
+    images = (prototypes[labels]
+              + noise * rng.standard_normal((num_examples,) + contract.IMAGE_SHAPE))
     images = np.clip(images * 255.0, 0, 255).astype(np.uint8)
     return images, labels.astype(np.int64)
 

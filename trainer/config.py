@@ -239,8 +239,9 @@ class TrainConfig:
 # 0.0004 better than Adam at 2e-3 * sqrt(8) ~ 5.7e-3, with less spread; 1e-2
 # and 4e-2 did worse), a warmup of 2 epochs (96 steps on 50,000 digits: better
 # than 4 steps), dropout 0.25 (its 1,170 steps regularize less than cpu's
-# 7,800: 0.25 beat 0.4 on the same 4 seeds; cpu kept 0.4), bfloat16, 50 steps per call (docs/benchmarks.md). Its cache holds each host's share of the train split
-# decoded (800 bytes an example: 48 MB for 60,000 digits) and the test
+# 7,800: 0.25 beat 0.4 on the same 4 seeds; cpu kept 0.4), bfloat16, 50
+# steps per call (docs/benchmarks.md). Its cache holds each host's share of
+# the train split decoded (800 bytes an example: 48 MB for 60,000 digits) and the test
 # split's padded batches as float32 images (~3.2 KB an example: 32 MB for
 # 10,000), well under 1% of any TPU VM host's memory.
 # Both recompute batch normalization's statistics after the last step over

@@ -127,7 +127,8 @@ def split_batches(data_dir: str, split: str, limit: Optional[int]) -> Iterator[d
     ds = tf.data.TFRecordDataset(list(files.files), compression_type=files.compression_type)
     if limit is not None:
         ds = ds.take(limit)
-    ds = ds.batch(BATCH).map(lambda s: input_pipeline.decode_batch(s, files.image_format)).prefetch(1)
+    ds = ds.batch(BATCH).map(
+        lambda s: input_pipeline.decode_batch(s, files.image_format)).prefetch(1)
     try:
         for batch in ds:
             yield {k: v.numpy() for k, v in batch.items()}

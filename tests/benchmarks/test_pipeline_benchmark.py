@@ -1,4 +1,5 @@
-"""`benchmarks/pipeline_benchmark.py` at its smallest size: the job, the plain script and the floor."""
+"""`benchmarks/pipeline_benchmark.py` at its smallest size: the job, the plain
+script and the floor."""
 
 import gzip
 import os

@@ -1,4 +1,5 @@
-"""The error classifier (`pipeline.errors.as_pipeline_error`): one-line errors out of whatever a runner raised."""
+"""The error classifier (`pipeline.errors.as_pipeline_error`): one-line errors
+out of whatever a runner raised."""
 
 import pytest
 

@@ -22,7 +22,8 @@ def test_idx_round_trip():
 
 def test_idx_wrong_magic_names_file():
     data = idx.encode_idx(np.zeros((2, 28, 28), np.uint8))
-    with pytest.raises(PipelineInputError, match=r"^imgs: wrong IDX magic number 0x00000803 \(expected 0x00000801\)"):
+    with pytest.raises(PipelineInputError, match=r"^imgs: wrong IDX magic number 0x00000803 "
+                                                 r"\(expected 0x00000801\)"):
         idx.decode_idx(data, idx.LABELS_MAGIC, "imgs")
 
 

@@ -1,10 +1,10 @@
 """Each ending of ``launch_tpu_vm.py run --spot`` against the fake cloud: the
 exit status, the events, and the VMs left (none unless ``--keep``).
 
-A trainer bug is not retried; a queued resource waits for capacity; ``--max_recoveries`` ends the run; a launcher
-killed and started again picks its run up (waiting on a VM that trains,
-recovering a preempted one, counting on from its journal); Ctrl-C and
-SIGTERM to the launcher delete the VM.
+A trainer bug is not retried; a queued resource waits for capacity;
+``--max_recoveries`` ends the run; a launcher killed and started again picks
+its run up (waiting on a VM that trains, recovering a preempted one, counting
+on from its journal); Ctrl-C and SIGTERM to the launcher delete the VM.
 """
 
 from __future__ import annotations

@@ -21,7 +21,8 @@ from trainer.data import checks, input_pipeline, splits
 from trainer.errors import TrainerError
 from trainer.run import outputs
 
-TRAIN = ["--preset=smoke", "--epochs=1", "--global_batch_size=8", "--steps_per_execution=2", "--verbose=0"]
+TRAIN = ["--preset=smoke", "--epochs=1", "--global_batch_size=8", "--steps_per_execution=2",
+         "--verbose=0"]
 
 
 def shard(out: str, split: str, index: int, of: int) -> str:

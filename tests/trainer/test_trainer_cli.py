@@ -78,8 +78,9 @@ def test_both_loops_write_the_same_summaries_and_checkpoints(trainer_dataset, tm
     for loop in ("keras", "custom"):
         model_dir = str(tmp_path / loop)
         assert cli.main([f"--data={dataset}", f"--model_dir={model_dir}", "--preset=smoke",
-                         f"--loop={loop}", "--epochs=2", "--global_batch_size=16", "--steps_per_execution=4",
-                         "--log_every=4", "--verbose=1", "--seed=1"]) == 0
+                         f"--loop={loop}", "--epochs=2", "--global_batch_size=16",
+                         "--steps_per_execution=4", "--log_every=4", "--verbose=1",
+                         "--seed=1"]) == 0
         written[loop] = (summary_points(os.path.join(model_dir, "logs")),
                          sorted(os.listdir(os.path.join(model_dir, "checkpoints"))),
                          sorted(os.listdir(model_dir)))
@@ -202,7 +203,8 @@ def test_missing_shard_names_the_file(tmp_path, capsys, loop, split):
     (["--epochs=0"], "--epochs must be >= 1, not 0"),
     (["--checkpoint_every=-1"], "--checkpoint_every must be >= 0, not -1"),
     (["--cpu_replicas=2", "--jit_compile"], "--jit_compile does not work with --cpu_replicas > 1"),
-    (["--cpu_replicas=2", "--strategy=tpu"], "--cpu_replicas works with --strategy=auto or mirrored"),
+    (["--cpu_replicas=2", "--strategy=tpu"],
+     "--cpu_replicas works with --strategy=auto or mirrored"),
 ])
 def test_bad_settings(argv, message, tmp_path, capsys):
     assert cli.main(["--data=x", f"--model_dir={tmp_path}", *argv]) == 2  # bad flags
@@ -212,7 +214,8 @@ def test_bad_settings(argv, message, tmp_path, capsys):
 
 def test_flags_fill_the_config():
     config = cli.parse_flags(["--data=gs://b/d", "--model_dir=gs://b/m", "--preset=smoke",
-                              "--loop=custom", "--cache", "--mixed_precision=bfloat16", "--tpu=local",
+                              "--loop=custom", "--cache", "--mixed_precision=bfloat16",
+                              "--tpu=local",
                               "--strategy=tpu", "--steps_per_execution=7",
                               "--jit_compile=false", "--seed=4", "--learning_rate=0.01"])
     assert config == TrainConfig(data="gs://b/d", model_dir="gs://b/m", loop="custom",

@@ -204,8 +204,8 @@ def test_predict_pngs_and_errors(exported, tmp_path, capsys):
     (tmp_path / "big.png").write_bytes(tf.io.encode_png(np.zeros([32, 28, 1], np.uint8)).numpy())
     (tmp_path / "text.png").write_text("not an image")
     for args, message in [
-        ([str(tmp_path / "big.png")], f"error: {tmp_path}/big.png: image is 32x28 (height x width), "
-                                   "expected 28x28"),
+        ([str(tmp_path / "big.png")],
+         f"error: {tmp_path}/big.png: image is 32x28 (height x width), expected 28x28"),
         ([str(tmp_path / "text.png")], f"error: {tmp_path}/text.png: not a PNG file"),
         ([str(tmp_path / "missing.png")], f"error: {tmp_path}/missing.png: cannot read"),
     ]:

@@ -33,7 +33,8 @@ pytestmark = pytest.mark.slow
 
 def run_workers(argv_for, timeout: int = 240,
                 log_level: bool = True) -> list[tuple[int, str, str, int]]:
-    """Two workers (`tests.trainer.trainer_runs.start_workers`) to their end; ``(rc, out, err, pid)`` each."""
+    """Two workers (`tests.trainer.trainer_runs.start_workers`) to their end;
+    ``(rc, out, err, pid)`` each."""
     return trainer_runs.finish_workers(
         trainer_runs.start_workers(argv_for, log_level=log_level), timeout)
 

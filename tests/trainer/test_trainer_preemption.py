@@ -56,7 +56,8 @@ def start(dataset: str, model_dir: str, loop: str) -> subprocess.Popen:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
     return subprocess.Popen(
         [sys.executable, "-m", "trainer", f"--data={dataset}", f"--model_dir={model_dir}",
-         "--preset=smoke", f"--loop={loop}", "--epochs=3", "--steps_per_epoch=40", "--global_batch_size=16",
+         "--preset=smoke", f"--loop={loop}", "--epochs=3", "--steps_per_epoch=40",
+         "--global_batch_size=16",
          "--steps_per_execution=4", "--checkpoint_every=10", "--seed=7", "--verbose=0",
          "--log_every=10"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -67,7 +67,8 @@ def test_disk_full_at_the_export(trainer_dataset, small_disk):
         rf"error: {re.escape(str(model_dir))}/\.export\.new-\w+: cannot write the export "
         r"\(No space left on device\); training is complete and checkpointed, a rerun "
         r"exports again", line), line
-    assert sorted(os.listdir(model_dir)) == ["checkpoints", "dataset.json", "logs"]  # no half export
+    # No half export:
+    assert sorted(os.listdir(model_dir)) == ["checkpoints", "dataset.json", "logs"]
 
 
 def test_read_only_model_dir(trainer_dataset, tmp_path):

@@ -5,6 +5,6 @@ split's files; `checks` holds those files to the manifest (sizes, sha256,
 image format, the eval count); `input_pipeline` turns a split into
 ``tf.data`` batches for every replica (``distribute_datasets_from_function``),
 sharded per input pipeline; `in_memory` cuts the batches of a train split
-held decoded in memory (``--cache``) from each epoch's permutation. Everything goes through ``tf.io.gfile``, so
-a local folder, ``gs://`` and ``ram://`` read alike.
+held decoded in memory (``--cache``) from each epoch's permutation.
+Everything goes through ``tf.io.gfile``, so a local folder, ``gs://`` and ``ram://`` read alike.
 """

@@ -95,7 +95,8 @@ def split_files(data_dir: str, manifest: contract.Manifest, split: str) -> Split
     try:
         info = manifest.split(split)
     except contract.ContractError as e:
-        raise TrainerInputError(f"{contract.join_path(data_dir, contract.MANIFEST_FILE)}: {e}") from None
+        path = contract.join_path(data_dir, contract.MANIFEST_FILE)
+        raise TrainerInputError(f"{path}: {e}") from None
     if not info.shards or info.num_examples == 0:
         raise TrainerInputError(f"{data_dir}: split {split!r} has no examples")
     paths = tuple(contract.join_path(data_dir, shard.file) for shard in info.shards)

@@ -65,7 +65,8 @@ class RunCheckpoints:
 
     def _new_manager(self) -> tf.train.CheckpointManager:
         return tf.train.CheckpointManager(
-            self.checkpoint, self.directory, max_to_keep=self.config.keep_checkpoints, step_counter=self.optimizer.iterations)
+            self.checkpoint, self.directory, max_to_keep=self.config.keep_checkpoints,
+            step_counter=self.optimizer.iterations)
 
     def restore(self) -> int:
         """Restores the newest checkpoint that restores; returns the step to start from.
