@@ -23,7 +23,7 @@ import mnist_contract as contract
 
 from pipeline import _compat, progress, stop, storage
 from pipeline.errors import Interrupted, StorageError, as_pipeline_error
-from pipeline.options import Options
+from pipeline.options import LOCAL_RUNNERS, Options
 from pipeline.publish.output import (OutputLayout, finalize, interrupted_state,
                                      prepared_output, remove_temp, state_before_writing)
 from pipeline.shard import sharding, transforms
@@ -156,7 +156,8 @@ def _run_beam(options: Options, layout: OutputLayout):
         _ = p | "Convert" >> transforms.convert(settings, options.shuffle_mode)
         with progress.ProgressLogger(layout.temp_dir,
                                      SHARDS.record_bytes(options.image_format)):
-            result, state = stop.run_in_thread(lambda: _run_to_end(p))
+            result, state = stop.run_in_thread(lambda: _run_to_end(p),
+                                               local=options.runner in LOCAL_RUNNERS)
         if state != "DONE":
             raise RuntimeError(f"pipeline ended in state {state}")
     except Exception as e:  # the runner re-raises worker errors in many shapes

@@ -17,7 +17,7 @@ blocked mask) never receive them, even when a terminal's Ctrl-C reaches the
 whole process group. On a stop the main thread sets `requested` (in-process
 workers stop at their next batch, `raise_if_requested`), kills the worker
 processes (again while the run's thread may be starting more) and waits a
-bounded time for them to be dead and for that thread to end. From then on only
+bounded time for them to be dead, or for that thread to end if it had none. From then on only
 the main thread writes to stderr, so the job's one line is the last.
 
 A step that must not be cut in the middle (taking or releasing the lock,
@@ -34,7 +34,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, Collection, Iterator, TypeVar
 
 from mnist_common import console
 
@@ -42,6 +42,8 @@ T = TypeVar("T")
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # How long a stopped run's thread gets to end after its workers were told to stop.
 HALT_WAIT_S = 20.0
+# A stopped run that had worker processes starts no more after this long without one.
+QUIET_S = 0.5
 
 requested = threading.Event()  # set by the first signal, read by in-process workers
 _state = {"signum": 0, "raised": False, "deferring": 0, "writers": 0}
@@ -184,19 +186,31 @@ def deferred(state: str = "", last: bool = False) -> Iterator[None]:
         _raise_pending(state)
 
 
-def run_in_thread(work: Callable[[], T]) -> T:
+def run_in_thread(work: Callable[[], T], local: bool = True) -> T:
     """``work()`` on a thread that never receives the stop signals; its result or error.
 
     If a signal stops the job meanwhile, the workers are halted (`_halt`) and
-    `Stopped` propagates.
+    `Stopped` propagates. The processes this one had started before (a
+    program that runs the job in-process may have its own) are left alone.
+    ``local``: the run's workers are here, so the stop waits for them; a
+    remote runner's thread only polls a remote job.
+
+    The thread's end is an event it sets, not ``Thread.join``: a signal
+    handler that raises inside ``join`` leaves the thread marked as stopped
+    while it still runs (``Thread._wait_for_tstate_lock``, checked in Python
+    3.11.7), and ``join`` and ``is_alive`` no longer wait for it.
     """
     box: dict = {}
+    done = threading.Event()
+    earlier = set(descendants(os.getpid()))
 
     def target() -> None:
         try:
             box["result"] = work()
         except BaseException as e:  # handed to the caller
             box["error"] = e
+        finally:
+            done.set()
 
     thread = threading.Thread(target=target, name="beam-run", daemon=True)
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
@@ -205,30 +219,38 @@ def run_in_thread(work: Callable[[], T]) -> T:
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     try:
-        while thread.is_alive():
-            thread.join(0.5)
+        while not done.wait(0.5):
+            pass
     except Stopped:
-        _halt(thread)
+        if local:
+            _halt(done, earlier)
         raise
     if "error" in box:
         raise box["error"]
     return box["result"]
 
 
-def _halt(thread: threading.Thread) -> None:
+def _halt(done: threading.Event, earlier: set[int]) -> None:
     """Stops the run's workers: in-process ones at their next batch, worker
-    processes by SIGKILL, again and again while ``thread`` runs (it may be
-    starting one as the first are killed). Returns once the killed processes
-    are dead, the thread has ended and the in-process writes under way
-    (`writing`) are done, or `HALT_WAIT_S` has passed."""
+    processes (this process's descendants, but not ``earlier`` nor theirs) by
+    SIGKILL, again and again (the run's thread may be starting one as the
+    first are killed). Returns once the killed processes are dead and the
+    in-process writes under way (`writing`) are over, or `HALT_WAIT_S` has
+    passed; before that, once the run's thread sets ``done`` or, if it had
+    worker processes, once `QUIET_S` has passed without a new one (Beam's
+    runner waits for ever for the workers it lost)."""
     requested.set()
     deadline = time.monotonic() + HALT_WAIT_S
     killed: set[int] = set()
+    last_kill = time.monotonic()
     while True:
-        killed |= _kill_all(descendants(os.getpid()))
-        if not thread.is_alive() or time.monotonic() >= deadline:
+        new = _kill_all(descendants(os.getpid(), skip=earlier)) - killed
+        now = time.monotonic()
+        if new:
+            killed, last_kill = killed | new, now
+        if (done.wait(0.05) or now >= deadline
+                or (killed and now - last_kill >= QUIET_S)):
             break
-        thread.join(0.05)
     while [pid for pid in killed if _running(pid)] and time.monotonic() < deadline:
         time.sleep(0.01)
     with _writers:
@@ -262,13 +284,14 @@ def _running(pid: int) -> bool:
     return bool(state) and not state.startswith("Z")
 
 
-def descendants(pid: int) -> list[int]:
-    """The processes below ``pid`` (children, their children...), from /proc
-    or, where there is none, ``ps``."""
+def descendants(pid: int, skip: Collection[int] = ()) -> list[int]:
+    """The processes below ``pid`` (children, their children...), but those in
+    ``skip`` and below them, from /proc or, where there is none, ``ps``."""
     parents = _parent_table()
     found, frontier = [], [pid]
     while frontier:
-        children = [child for child, parent in parents.items() if parent in frontier]
+        children = [child for child, parent in parents.items()
+                    if parent in frontier and child not in skip]
         found.extend(children)
         frontier = children
     return found

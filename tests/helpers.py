@@ -61,6 +61,15 @@ def run_job(argv):
     return result.manifest
 
 
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie nobody reaped does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except FileNotFoundError:
+        return False
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -23,7 +23,7 @@ import pytest
 
 from pipeline.stop import descendants
 from pipeline.verify import verify
-from tests.helpers import REPO, run_job
+from tests.helpers import REPO, alive, run_job
 
 pytestmark = pytest.mark.slow
 
@@ -71,15 +71,6 @@ class Job:
             pytest.fail("the job did not end after the signal:\n" + "\n".join(self.lines[-30:]))
         self._reader.join(10)
         return self.proc.returncode, self.lines
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie nobody reaped does not)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except FileNotFoundError:
-        return False
 
 
 def contents(folder: Path) -> dict:
