@@ -17,8 +17,9 @@ blocked mask) never receive them, even when a terminal's Ctrl-C reaches the
 whole process group. On a stop the main thread sets `requested` (in-process
 workers stop at their next batch, `raise_if_requested`), kills the worker
 processes (again while the run's thread may be starting more) and waits a
-bounded time for them to be dead, or for that thread to end if it had none. From then on only
-the main thread writes to stderr, so the job's one line is the last.
+bounded time for them to be dead, or for that thread to end if it had none.
+From then on only the main thread writes to stderr, so the job's one line is
+the last.
 
 A step that must not be cut in the middle (taking or releasing the lock,
 removing the temp folder) runs inside `deferred`: a signal there is acted on
