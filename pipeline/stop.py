@@ -275,10 +275,9 @@ def _running(pid: int) -> bool:
     """Whether ``pid`` still runs: a zombie (dead, not yet reaped) does not."""
     if os.path.isdir("/proc"):
         try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-        except OSError:
-            return False
+            return _proc_stat(pid)[0] != b"Z"
+        except (OSError, IndexError):
+            return False  # gone
     import subprocess  # no /proc: ps says the state
     state = subprocess.run(["ps", "-o", "stat=", "-p", str(pid)], capture_output=True,
                            text=True, check=False).stdout.strip()
@@ -304,9 +303,7 @@ def _parent_table() -> dict[int, int]:
     if os.path.isdir("/proc"):
         for name in os.listdir("/proc"):
             try:
-                with open(f"/proc/{name}/stat", "rb") as f:
-                    fields = f.read().rsplit(b")", 1)[1].split()
-                table[int(name)] = int(fields[1])
+                table[int(name)] = int(_proc_stat(name)[1])
             except (ValueError, OSError, IndexError):
                 continue  # not a process, or gone meanwhile
         return table
@@ -317,6 +314,12 @@ def _parent_table() -> dict[int, int]:
         pid, ppid = line.split()
         table[int(pid)] = int(ppid)
     return table
+
+
+def _proc_stat(pid) -> list[bytes]:
+    """The fields of ``/proc/PID/stat`` after the command name: state, parent pid..."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return f.read().rsplit(b")", 1)[1].split()
 
 
 def exit_at_once(status: int) -> None:
