@@ -131,29 +131,49 @@ def worker_processes_ignore_stop_signals() -> None:
             sys, f"trap '' INT TERM HUP; exec {shlex.quote(sys.executable)}")
 
 
-_OPTIONAL_FOR_BEAM = ("pandas", "pyarrow")
+# Modules Beam 2.77.0 imports, when installed, only for parts the job does not
+# use, each under ``try``/``except ImportError``:
+# - pandas and pyarrow: ``apache_beam/typehints/__init__.py``, the batch
+#   converters of DataFrames and Arrow tables;
+# - bson and pymongo: ``apache_beam/io/mongodbio.py``, MongoDB IO;
+# - google.cloud.pubsub: ``apache_beam/io/gcp/pubsub.py``, Pub/Sub IO;
+# - google.cloud.bigquery and google.cloud.bigquery_storage_v1:
+#   ``apache_beam/io/gcp/bigquery_tools.py`` and ``bigquery.py``, BigQuery IO.
+_OPTIONAL_FOR_BEAM = ("pandas", "pyarrow", "bson", "pymongo", "google.cloud.pubsub",
+                      "google.cloud.bigquery", "google.cloud.bigquery_storage_v1")
+# Beam 2.77.0 logs their absence: mongodbio a warning, bigquery.py a note.
+_LOGGERS_OF_ABSENCE = ("apache_beam.io.mongodbio", "apache_beam.io.gcp.bigquery")
+
+
+def _drop_record(record) -> bool:
+    return False
 
 
 def import_beam() -> None:
-    """Imports Apache Beam without importing pandas and pyarrow along.
+    """Imports Apache Beam without the optional modules it would import along.
 
-    Beam 2.77.0: ``apache_beam/typehints/__init__.py`` imports pandas and
-    pyarrow when they are installed, for the batch converters of DataFrames
-    and Arrow tables, and skips them on ``ImportError``. The job uses
-    neither, and on 2 cores they are ~0.3-0.5 s of CPU of its ~2.5 s
-    start-up. So while Beam's first import runs, an absent entry in
-    ``sys.modules`` makes them raise ``ImportError``; afterwards both import
-    as usual. Once Beam is imported this does nothing.
+    `_OPTIONAL_FOR_BEAM` lists them. On 2 cores they cost ~0.4-0.6 s of CPU
+    of the job's ~2.5 s start-up (pandas and pyarrow ~0.3-0.5 s, the others
+    ~0.15 s). So while Beam's first import runs, an absent entry in
+    ``sys.modules`` makes each raise ``ImportError``, and the records Beam
+    logs about their absence are dropped; afterwards all of them import as
+    usual. Once Beam is imported this does nothing.
     """
+    import logging
     import sys
     if "apache_beam" in sys.modules:
         return
     hidden = [name for name in _OPTIONAL_FOR_BEAM if name not in sys.modules]
     for name in hidden:
         sys.modules[name] = None  # `import name` raises ImportError
+    loggers = [logging.getLogger(name) for name in _LOGGERS_OF_ABSENCE]
+    for logger in loggers:
+        logger.addFilter(_drop_record)
     try:
         import apache_beam  # noqa: F401
     finally:
+        for logger in loggers:
+            logger.removeFilter(_drop_record)
         for name in hidden:
             if sys.modules.get(name, False) is None:
                 del sys.modules[name]
