@@ -132,7 +132,7 @@ def worker_processes_ignore_stop_signals() -> None:
 
 
 # Modules Beam 2.77.0 imports, when installed, only for parts the job does not
-# use, each under ``try``/``except ImportError``:
+# use, each under a ``try`` whose ``except`` takes ``ImportError``:
 # - pandas and pyarrow: ``apache_beam/typehints/__init__.py``, the batch
 #   converters of DataFrames and Arrow tables;
 # - bson and pymongo: ``apache_beam/io/mongodbio.py``, MongoDB IO;
@@ -154,7 +154,7 @@ def import_beam() -> None:
 
     `_OPTIONAL_FOR_BEAM` lists them. On 2 cores they cost ~0.4-0.6 s of CPU
     of the job's ~2.5 s start-up (pandas and pyarrow ~0.3-0.5 s, the others
-    ~0.15 s). So while Beam's first import runs, an absent entry in
+    ~0.2 s). So while Beam's first import runs, an absent entry in
     ``sys.modules`` makes each raise ``ImportError``, and the records Beam
     logs about their absence are dropped; afterwards all of them import as
     usual. Once Beam is imported this does nothing.
