@@ -154,10 +154,11 @@ def import_beam() -> None:
 
     `_OPTIONAL_FOR_BEAM` lists them. On 2 cores they cost ~0.4-0.6 s of CPU
     (pandas and pyarrow ~0.3-0.5 s, the others ~0.2 s), against ~1.6 s for
-    the job's whole start-up without them. So while Beam's first import runs, an absent entry in
-    ``sys.modules`` makes each raise ``ImportError``, and the records Beam
-    logs about their absence are dropped; afterwards all of them import as
-    usual. Once Beam is imported this does nothing.
+    the job's whole start-up without them. So while Beam's first import
+    runs, an absent entry in ``sys.modules`` makes each raise
+    ``ImportError``, and the records Beam logs about their absence are
+    dropped; afterwards all of them import as usual. Once Beam is imported
+    this does nothing.
     """
     import logging
     import sys

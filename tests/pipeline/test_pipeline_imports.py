@@ -26,12 +26,17 @@ def test_the_pipeline_never_imports_the_trainer():
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-3000:]
 
 
-def run_python(code: str) -> str:
+def run_python_output(code: str) -> tuple[str, str]:
+    """(stdout stripped, stderr) of ``code`` run in a fresh interpreter, which must succeed."""
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO,
                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return proc.stdout.strip()
+    return proc.stdout.strip(), proc.stderr
+
+
+def run_python(code: str) -> str:
+    return run_python_output(code)[0]
 
 
 def test_the_command_imports_beam_without_its_optional_modules_which_still_import_later():
@@ -45,12 +50,9 @@ def test_the_command_imports_beam_without_its_optional_modules_which_still_impor
             if importlib.util.find_spec(name):  # installed: importable as ever
                 assert importlib.import_module(name).__name__ == name
     """
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=REPO,
-                          env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.strip() == "['apache_beam']"
-    assert proc.stderr == ""  # no word from Beam about the modules it did not find
+    stdout, stderr = run_python_output(code)
+    assert stdout == "['apache_beam']"
+    assert stderr == ""  # no word from Beam about the modules it did not find
 
 
 def test_the_job_runs_with_beam_imported_that_way(tmp_path):
