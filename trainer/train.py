@@ -27,7 +27,7 @@ import tensorflow as tf
 import tf_keras
 
 from mnist_contract import join_path
-from trainer import strategy as strategy_lib
+from trainer import _compat, strategy as strategy_lib
 from trainer.config import TrainConfig
 from trainer.data import input_pipeline
 from trainer.errors import TrainerError, TrainerInputError, os_reason, summarize_error
@@ -59,6 +59,7 @@ def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict
     ``callbacks`` are extra Keras callbacks (Keras loop only).
     """
     run = preflight(config, callbacks)
+    _compat.restore_malloc_thresholds()
     if config.seed is not None:
         # Initial weights (and Python/NumPy randomness); the input order is
         # seeded in `trainer.data.input_pipeline`.

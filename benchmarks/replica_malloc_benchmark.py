@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Two CPU replicas: the trainer as it is ÷ the trainer with TensorFlow's malloc setting left.
+
+    python benchmarks/replica_malloc_benchmark.py [--data=DIR] [--examples=8192]
+        [--epochs=3] [--repeats=2] [--replicas=2]
+
+Runs ``python -m trainer --preset=cpu --cpu_replicas=2`` (one seed, no
+batch-norm recalibration) as two processes, alternately, ``--repeats``
+times: the trainer as it is, and a baseline whose
+`trainer._compat.restore_malloc_thresholds` is replaced by a no-op, so that
+TensorFlow 2.21's ``mallopt(M_MMAP_THRESHOLD, 128 KiB)`` (applied by the
+distributed dataset's iterator) stays in force. Per run: the median
+milliseconds per step over the epochs after the first (Keras' own
+``ms/step``; the first epoch traces), the process's minor page faults, and
+its user and sys CPU time. Printed: each pair's step time as it is ÷
+baseline, and their median. Both sides train the same steps on the same
+data with the same seed, and their final test accuracies must agree.
+
+DATA is a folder the pipeline wrote; without it ``--examples`` synthetic
+digits (`synthetic_data.py`) are written to a temporary folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+import synthetic_data  # noqa: E402  (beside this script)
+
+_STEP = re.compile(r"- (\d+)ms/step")
+_ACCURACY = re.compile(r"test_accuracy=([\d.]+)")
+
+# The baseline: the trainer command with the restore made a no-op.
+BASELINE = ("import sys; from trainer import _compat, __main__ as cli; "
+            "_compat.restore_malloc_thresholds = lambda: False; "
+            "sys.exit(cli.main(sys.argv[1:]))")
+
+
+def trainer_argv(side: str, data: str, model_dir: str, args: argparse.Namespace) -> list[str]:
+    prefix = ["-m", "trainer"] if side == "as is" else ["-c", BASELINE]
+    return [sys.executable, *prefix, f"--data={data}", f"--model_dir={model_dir}",
+            "--preset=cpu", f"--cpu_replicas={args.replicas}", f"--epochs={args.epochs}",
+            "--seed=1", "--verbose=2", "--bn_recalibration_examples=0"]
+
+
+def run(side: str, data: str, tmp: str, args: argparse.Namespace) -> dict:
+    """One training; its step time (median over epochs 2..), faults and CPU."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    model_dir = tempfile.mkdtemp(dir=tmp)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run(trainer_argv(side, data, model_dir, args), cwd=REPO, env=env,
+                          capture_output=True, text=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        sys.exit(f"error: the trainer ({side}) exited {proc.returncode}: "
+                 f"{proc.stderr.strip().splitlines()[-1:]}")
+    steps = [int(ms) for ms in _STEP.findall(proc.stdout + proc.stderr)]
+    return {"ms_per_step": statistics.median(steps[1:]),
+            "accuracy": _ACCURACY.findall(proc.stdout + proc.stderr)[-1],
+            "faults": after.ru_minflt - before.ru_minflt,
+            "user": after.ru_utime - before.ru_utime,
+            "sys": after.ru_stime - before.ru_stime}
+
+
+def describe(side: str, result: dict) -> str:
+    return (f"  {side:8s} {result['ms_per_step']:5.0f} ms/step  "
+            f"{result['faults']:>11,} minor faults  user {result['user']:6.1f} s  "
+            f"sys {result['sys']:6.1f} s  test accuracy {result['accuracy']}")
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", help="a folder the pipeline wrote (default: synthetic)")
+    parser.add_argument("--examples", type=int, default=8192, help="synthetic train examples")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--replicas", type=int, default=2)
+    args = parser.parse_args()
+    if args.epochs < 2 or args.repeats < 1 or args.replicas < 2:
+        parser.error("needs --epochs >= 2, --repeats >= 1, --replicas >= 2")
+    return args
+
+
+def main() -> int:
+    args = parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        data = args.data
+        if not data:
+            data = os.path.join(tmp, "data")
+            synthetic_data.write_dataset(data, num_train=args.examples, num_test=1000,
+                                         train_shards=2, test_shards=1)
+        print(f"{args.replicas} CPU replicas, cpu preset, {args.epochs} epochs, "
+              f"{data if args.data else f'{args.examples:,} synthetic examples'}; "
+              f"load average {os.getloadavg()[0]:.1f}")
+        ratios = []
+        for repeat in range(args.repeats):
+            pair = {side: run(side, data, tmp, args) for side in ("baseline", "as is")}
+            ratios.append(pair["as is"]["ms_per_step"] / pair["baseline"]["ms_per_step"])
+            print(f"pair {repeat + 1}: as is ÷ baseline, step time {ratios[-1]:.2f}x")
+            for side, result in pair.items():
+                print(describe(side, result))
+            if pair["as is"]["accuracy"] != pair["baseline"]["accuracy"]:
+                sys.exit("error: the two sides' test accuracies differ")
+    print(f"median step time as is ÷ baseline: {statistics.median(ratios):.2f}x "
+          f"(load average at the end {os.getloadavg()[0]:.1f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
