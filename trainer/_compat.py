@@ -72,11 +72,12 @@ def restore_malloc_thresholds() -> bool:
     How: a one-element ``from_generator`` dataset spends TensorFlow's call
     first, so no later kernel repeats it; then the mmap and trim thresholds
     are set to the ceilings glibc's adaptive ones reach. Call it once the
-    strategy has set up its devices (it runs a TensorFlow op).
+    strategy has set up its devices (it runs a TensorFlow op on this
+    process's default device).
     """
     try:
         mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):  # TypeError: Windows' CDLL(None)
         return False
     spend = tf.data.Dataset.from_generator(
         lambda: iter((0,)), output_signature=tf.TensorSpec((), tf.int32))

@@ -59,7 +59,10 @@ def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict
     ``callbacks`` are extra Keras callbacks (Keras loop only).
     """
     run = preflight(config, callbacks)
-    _compat.restore_malloc_thresholds()
+    if not isinstance(run.strategy, tf.distribute.TPUStrategy):
+        # Not on a TPU: connected to a TPU Node, eager ops run on its remote
+        # worker, where the Python generator the restore runs cannot.
+        _compat.restore_malloc_thresholds()
     if config.seed is not None:
         # Initial weights (and Python/NumPy randomness); the input order is
         # seeded in `trainer.data.input_pipeline`.
