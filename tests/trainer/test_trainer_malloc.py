@@ -9,15 +9,14 @@ served from chunks a training left free, whatever the thresholds.)
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import run_results_script
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 
 ROUNDS = 50
 BUFFER_BYTES = 16 << 20
@@ -59,27 +58,21 @@ FAULTS = textwrap.dedent("""
     distributed = faults_per_buffer()
     restored = _compat.restore_malloc_thresholds()
     after = faults_per_buffer()
-    print(json.dumps(dict(tf_version=tf.__version__,
-                          distributed=distributed, restored=restored, after=after)))
+    print("RESULTS", json.dumps(dict(tf_version=tf.__version__, distributed=distributed,
+                                     restored=restored, after=after)))
 """)
 
 
 @pytest.fixture(scope="module")
-def faults() -> dict:
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run([sys.executable, "-c", FAULTS], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+def faults(tmp_path_factory) -> dict:
+    return run_results_script(FAULTS, tmp_path_factory.mktemp("malloc"), timeout=300)[0]
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 def test_buffers_reuse_heap_memory_after_the_restore(faults):
     assert faults["restored"] is True
     assert faults["after"] < PAGES_PER_BUFFER / 8, faults
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 def test_the_restore_leaves_buffers_cheaper_than_the_distributed_iterator_did(faults):
     """Under TensorFlow 2.21 the iterator's kernel maps every such buffer
     afresh (each round faults all its pages in); the restore ends that.
@@ -97,22 +90,16 @@ AFTER_TRAINING = textwrap.dedent("""
     from tests import trainer_data
     from tests.trainer import trainer_runs
 """) + FAULTS_PER_BUFFER + textwrap.dedent("""
-    data, model_dir = sys.argv[1:3]
+    data, model_dir = sys.argv[1] + "/data", sys.argv[1] + "/run"
     trainer_data.write_dataset(data, num_train=64, num_test=16)
     status = trainer_runs.run(data, model_dir, "--cpu_replicas=2", "--epochs=1")
-    print(json.dumps(dict(status=status, faults=faults_per_buffer())))
+    print("RESULTS", json.dumps(dict(status=status, faults=faults_per_buffer())))
 """)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 def test_a_two_replica_training_restores_the_thresholds(tmp_path):
     """The trainer command itself restores them: after its run on two
     replicas (a MultiDeviceIterator's kernel built) a buffer is reused."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.run([sys.executable, "-c", AFTER_TRAINING, str(tmp_path / "data"),
-                           str(tmp_path / "run")], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["status"] == 0, proc.stderr[-3000:]
+    result, stdout = run_results_script(AFTER_TRAINING, tmp_path, timeout=300)
+    assert result["status"] == 0, stdout[-3000:]
     assert result["faults"] < PAGES_PER_BUFFER / 8, result
