@@ -34,9 +34,13 @@ import tempfile
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-import synthetic_data  # noqa: E402  (beside this script)
+from benchmarks import synthetic_data  # noqa: E402
 
-_STEP = re.compile(r"- (\d+)ms/step")
+# Keras' progress line prints whole seconds, milliseconds or microseconds per
+# step, whichever reads best (tf_keras 2.21 `Progbar._format_time`): a loaded
+# machine's traced first epoch shows as "2s/step".
+_STEP = re.compile(r"- (\d+)(s|ms|us)/step")
+_MS_PER = {"s": 1000.0, "ms": 1.0, "us": 0.001}
 _ACCURACY = re.compile(r"test_accuracy=([\d.]+)")
 
 # The baseline: the trainer command with the restore made a no-op.
@@ -52,6 +56,11 @@ def trainer_argv(side: str, data: str, model_dir: str, args: argparse.Namespace)
             "--seed=1", "--verbose=2", "--bn_recalibration_examples=0"]
 
 
+def step_times_ms(log: str) -> list[float]:
+    """Milliseconds per step of each epoch, in order, from the trainer's log."""
+    return [int(count) * _MS_PER[unit] for count, unit in _STEP.findall(log)]
+
+
 def run(side: str, data: str, tmp: str, args: argparse.Namespace) -> dict:
     """One training; its step time (median over epochs 2..), faults and CPU."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -63,7 +72,10 @@ def run(side: str, data: str, tmp: str, args: argparse.Namespace) -> dict:
     if proc.returncode != 0:
         sys.exit(f"error: the trainer ({side}) exited {proc.returncode}: "
                  f"{proc.stderr.strip().splitlines()[-1:]}")
-    steps = [int(ms) for ms in _STEP.findall(proc.stdout + proc.stderr)]
+    steps = step_times_ms(proc.stdout + proc.stderr)
+    if len(steps) != args.epochs:
+        sys.exit(f"error: the trainer ({side}) printed {len(steps)} step times "
+                 f"for {args.epochs} epochs")
     return {"ms_per_step": statistics.median(steps[1:]),
             "accuracy": _ACCURACY.findall(proc.stdout + proc.stderr)[-1],
             "faults": after.ru_minflt - before.ru_minflt,

@@ -15,6 +15,7 @@ import sys
 
 import pytest
 
+from benchmarks import replica_malloc_benchmark
 from tests.helpers import REPO
 
 pytestmark = [pytest.mark.slow, pytest.mark.tf221]
@@ -42,3 +43,9 @@ def test_bad_flags_are_one_line():
         cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "needs --epochs >= 2" in proc.stderr.strip().splitlines()[-1]
+
+
+def test_step_times_read_every_unit_keras_prints():
+    log = ("Epoch 1/2\n8/8 - 19s - loss: 2.1 - 2s/step\n"
+           "Epoch 2/2\n8/8 - 1s - loss: 1.2 - 181ms/step\n16/16 - 0s - 900us/step\n")
+    assert replica_malloc_benchmark.step_times_ms(log) == [2000.0, 181.0, 0.9]
