@@ -174,9 +174,7 @@ def write_spill(path: str, buckets: np.ndarray, keys: np.ndarray, data,
         raise ValueError(f"{path}: records not in key order")
     key_bytes = np.ascontiguousarray(keys).tobytes()
     length_bytes = lengths.astype("<u4").tobytes()
-    with storage.open_write(path) as f:
-        for part in (data, key_bytes, length_bytes):
-            f.write(part)
+    storage.write_uncached(path, (data, key_bytes, length_bytes))
     ends = np.cumsum(lengths)
     data = np.frombuffer(data, np.uint8)  # slices of it are views, not copies
     ids, first = np.unique(buckets, return_index=True)
