@@ -8,8 +8,8 @@ disk or the GCS client itself: it needs conditional creates and rewrites,
 which FileSystems does not offer. Reading a local file (opening, listing,
 testing, sizing) goes straight to the operating system, and Beam is imported
 on first use only, so a reader of local output (``pipeline.verify``) starts
-without loading Beam. So do local writes of files that are read back once
-and deleted (`write_uncached`, the file shuffle's spill files).
+without loading Beam. So do local writes of large files written once
+(`open_uncached`: the file shuffle's spill files and the shards).
 
 Beam's GCS client works against a local GCS API server when
 ``STORAGE_EMULATOR_HOST`` is set. Such a server takes no Google credentials,
@@ -112,69 +112,117 @@ def open_write(path: str):
 
 
 _DIRECT_ALIGN = 4096  # O_DIRECT's alignment of buffer, file offset and length (ext4, xfs)
-_direct_buffers = threading.local()
+_DIRECT_BLOCK = 8 << 20  # bytes an uncached file gathers before it writes
+# Buffers of closed uncached files, for the next ones: memory the process has
+# already touched (a fresh mapping costs a page fault per 4 KiB).
+_spare_buffers: list = []
+_spare_lock = threading.Lock()
 
 
-def _aligned_buffer(size: int) -> memoryview:
-    """A page-aligned buffer of at least ``size`` bytes, kept for reuse by this thread."""
-    buffer = getattr(_direct_buffers, "buffer", None)
-    if buffer is None or len(buffer) < size:
-        buffer = mmap.mmap(-1, max(size, 2 * len(buffer)) if buffer else size)
-        _direct_buffers.buffer = buffer
-    return memoryview(buffer)
+def _take_buffer() -> mmap.mmap:
+    with _spare_lock:
+        return _spare_buffers.pop() if _spare_buffers else mmap.mmap(-1, _DIRECT_BLOCK)
 
 
-def _write_direct(path: str, parts: Iterable) -> bool:
-    """Writes ``parts`` to a new local file with ``O_DIRECT``; False, with the
-    file absent or empty, where the file system does not take it."""
+def _give_back(buffer: mmap.mmap) -> None:
+    with _spare_lock:
+        _spare_buffers.append(buffer)
+
+
+class _UncachedFile:
+    """A new local file written past the page cache (``O_DIRECT``), in aligned
+    blocks gathered in a buffer of its own; written as `open_write` writes
+    when the file system refuses the first block."""
+
+    def __init__(self, path: str, fd: int):
+        self._path, self._fd, self._buffered = path, fd, None
+        self._buffer = _take_buffer()
+        self._view = memoryview(self._buffer)
+        self._fill = self._written = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def write(self, data) -> None:
+        if self._buffered is not None:
+            self._buffered.write(data)
+            return
+        data = memoryview(data).cast("B")
+        while len(data):
+            take = min(len(data), _DIRECT_BLOCK - self._fill)
+            self._view[self._fill:self._fill + take] = data[:take]
+            self._fill += take
+            data = data[take:]
+            if self._fill == _DIRECT_BLOCK:
+                self._flush(_DIRECT_BLOCK)
+                if self._buffered is not None:  # the file system refused it
+                    self._buffered.write(data)
+                    return
+
+    def _flush(self, length: int) -> None:
+        """Writes the buffer's first ``length`` bytes (a multiple of the alignment)."""
+        done = 0
+        while done < length:
+            try:
+                done += os.write(self._fd, self._view[done:length])
+            except OSError as e:
+                if e.errno != errno.EINVAL or self._written or done:
+                    raise
+                self._fall_back()
+                return
+        self._written += length
+        self._fill = 0
+
+    def _fall_back(self) -> None:
+        os.close(self._fd)
+        self._fd = None
+        self._buffered = open_write(self._path)
+        self._buffered.write(self._view[:self._fill])
+
+    def close(self) -> None:
+        if self._fd is None and self._buffered is None:
+            return
+        try:
+            if self._buffered is None:
+                size = self._written + self._fill
+                padded = -(-self._fill // _DIRECT_ALIGN) * _DIRECT_ALIGN
+                self._view[self._fill:padded] = bytes(padded - self._fill)
+                self._flush(padded)
+            if self._buffered is not None:
+                self._buffered.close()
+            else:
+                os.ftruncate(self._fd, size)
+        finally:
+            if self._fd is not None:
+                os.close(self._fd)
+            self._fd = self._buffered = None
+            self._view.release()
+            _give_back(self._buffer)
+
+
+def open_uncached(path: str):
+    """A new binary file at ``path``, written past the page cache where the
+    local file system allows (``O_DIRECT``); elsewhere (gs://, a file system
+    without it) `open_write`'s file.
+
+    For large files written once: copying them into the page cache costs more
+    CPU than the write itself when the cache must take pages the kernel has
+    not used lately (docs/benchmarks.md, the conversion job).
+    """
     flag = getattr(os, "O_DIRECT", 0)  # Linux only
-    if not flag:
-        return False
+    if is_remote(path) or not flag:
+        return open_write(path)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | flag, 0o644)
     except OSError as e:
-        if e.errno == errno.EINVAL:
-            return False
-        raise
-    try:
-        parts = [memoryview(part).cast("B") for part in parts]
-        total = sum(len(part) for part in parts)
-        padded = -(-total // _DIRECT_ALIGN) * _DIRECT_ALIGN
-        view, at = _aligned_buffer(padded), 0
-        for part in parts:
-            view[at:at + len(part)] = part
-            at += len(part)
-        view[total:padded] = bytes(padded - total)
-        done = 0
-        while done < padded:
-            try:
-                done += os.write(fd, view[done:padded])
-            except OSError as e:
-                if e.errno == errno.EINVAL and not done:  # alignment it does not take
-                    return False
-                raise
-        os.ftruncate(fd, total)
-        return True
-    finally:
-        os.close(fd)
-
-
-def write_uncached(path: str, parts: Iterable) -> None:
-    """Writes ``parts`` (bytes-like, back to back) to a new file at ``path``,
-    past the page cache where the local file system allows (``O_DIRECT``).
-
-    For files read back once and deleted: copying them into the page cache
-    costs more CPU than the write itself when the cache must take pages the
-    kernel has not used lately, so the file shuffle's 10x spill cost 1.2 s
-    of the job's sys time (docs/benchmarks.md). Elsewhere (gs://, a file
-    system without ``O_DIRECT``) the file is written as `open_write` writes.
-    """
-    parts = list(parts)
-    if is_remote(path) or not _write_direct(path, parts):
-        with open_write(path) as f:
-            for part in parts:
-                f.write(part)
+        if e.errno != errno.EINVAL:
+            raise
+        return open_write(path)
+    return _UncachedFile(path, fd)
 
 
 def read_bytes(path: str) -> bytes:

@@ -41,7 +41,7 @@ class ShardFileWriter:
     """Writes framed records to ``path``, counting and hashing the stored bytes."""
 
     def __init__(self, path: str, compression: str):
-        self._file = storage.open_write(path)
+        self._file = storage.open_uncached(path)
         # wbits=31: a gzip stream with mtime 0, so output is byte-reproducible.
         self._gzip = zlib.compressobj(6, zlib.DEFLATED, 31) if compression == "gzip" else None
         self._sha256 = hashlib.sha256()
@@ -174,7 +174,9 @@ def write_spill(path: str, buckets: np.ndarray, keys: np.ndarray, data,
         raise ValueError(f"{path}: records not in key order")
     key_bytes = np.ascontiguousarray(keys).tobytes()
     length_bytes = lengths.astype("<u4").tobytes()
-    storage.write_uncached(path, (data, key_bytes, length_bytes))
+    with storage.open_uncached(path) as f:
+        for part in (data, key_bytes, length_bytes):
+            f.write(part)
     ends = np.cumsum(lengths)
     data = np.frombuffer(data, np.uint8)  # slices of it are views, not copies
     ids, first = np.unique(buckets, return_index=True)

@@ -1,5 +1,6 @@
-"""`storage.write_uncached`, the spill files' write: past the page cache where the
-local file system takes ``O_DIRECT``, the same bytes as a buffered write elsewhere."""
+"""`storage.open_uncached`, how spill files and shards are written: past the page
+cache where the local file system takes ``O_DIRECT``, buffered elsewhere, the same
+bytes either way."""
 
 import errno
 import os
@@ -31,24 +32,30 @@ def direct_dir(tmp_path):
 
 def _parts(size: int) -> list:
     data = np.random.default_rng(size).integers(0, 256, size, np.uint8)
-    return [data, data[:size // 3].tobytes(), b"tail"]
+    return [data, data[:size // 3].tobytes(), b"tail", *[b"x" * 700] * 20]
 
 
-@pytest.mark.parametrize("size", [0, 1, 4095, 4096, 4097, (3 << 20) + 5])
+def _write(path, parts) -> None:
+    with storage.open_uncached(str(path)) as f:
+        for part in parts:
+            f.write(part)
+
+
+@pytest.mark.parametrize("size", [0, 1, 4095, 4096, 4097, (3 << 20) + 5, (8 << 20) * 2 + 5])
 def test_parts_are_written_back_to_back_with_o_direct(direct_dir, monkeypatch, size):
     flags, real_open = [], os.open
     monkeypatch.setattr(os, "open", lambda path, flag, *rest: flags.append(flag)
                         or real_open(path, flag, *rest))
     path = direct_dir / "spill" / "run"
     parts = _parts(size)
-    storage.write_uncached(str(path), parts)
+    _write(path, parts)
     assert path.read_bytes() == b"".join(bytes(part) for part in parts)
     assert len(flags) == 1 and flags[0] & os.O_DIRECT
 
 
 def test_a_reused_buffer_leaves_nothing_of_a_longer_file(direct_dir):
-    storage.write_uncached(str(direct_dir / "long"), _parts(1 << 20))
-    storage.write_uncached(str(direct_dir / "short"), [b"abc"])
+    _write(direct_dir / "long", _parts(1 << 20))
+    _write(direct_dir / "short", [b"abc"])
     assert (direct_dir / "short").read_bytes() == b"abc"
 
 
@@ -61,17 +68,18 @@ def test_without_o_direct_the_file_is_written_buffered(tmp_path, monkeypatch):
         return real_open(path, flag, *rest)
     monkeypatch.setattr(os, "open", refuse_direct)
     parts = _parts(5000)
-    storage.write_uncached(str(tmp_path / "run"), parts)
+    _write(tmp_path / "run", parts)
     assert (tmp_path / "run").read_bytes() == b"".join(bytes(part) for part in parts)
 
 
+@pytest.mark.parametrize("size", [5000, (8 << 20) * 2 + 5])
 def test_a_write_the_file_system_refuses_as_unaligned_is_written_buffered(direct_dir,
-                                                                         monkeypatch):
+                                                                         monkeypatch, size):
     def refuse(fd, data):
         raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
     monkeypatch.setattr(os, "write", refuse)
-    parts = _parts(5000)
-    storage.write_uncached(str(direct_dir / "run"), parts)
+    parts = _parts(size)
+    _write(direct_dir / "run", parts)
     assert (direct_dir / "run").read_bytes() == b"".join(bytes(part) for part in parts)
 
 
@@ -81,7 +89,7 @@ def test_a_full_disk_raises_enospc(tmp_path):
     mount("-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk))
     try:
         with pytest.raises(OSError) as raised:
-            storage.write_uncached(str(disk / "run"), [bytes(2 << 20)])
+            _write(disk / "run", [bytes(2 << 20)])
         assert raised.value.errno == errno.ENOSPC
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
