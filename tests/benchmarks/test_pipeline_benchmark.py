@@ -30,6 +30,11 @@ def test_benchmark_prints_the_physical_floor_beside_the_baseline():
     assert all(v >= 0 for v in steps) and steps[0] > 0
     assert total == pytest.approx(sum(steps), abs=0.02)
     assert ratio == pytest.approx(job / total, rel=0.05)
+    writes = re.search(rf"floor's write, the lesser wall and CPU of: buffered {SECONDS} "
+                       rf"\(CPU {SECONDS}\)(?:, O_DIRECT {SECONDS} \(CPU {SECONDS}\))?", out)
+    assert writes, out
+    walls = [float(v) for v in writes.groups()[::2] if v is not None]
+    assert steps[1] == min(walls)
     cpu = re.search(rf"job CPU: user {SECONDS} \+ sys {SECONDS} = {SECONDS} \| floor CPU "
                     rf"{SECONDS} \| job CPU/floor CPU (\d+\.\d\d)x", out)
     assert cpu, out
@@ -53,3 +58,14 @@ def test_the_floor_gunzips_in_pieces_and_refuses_a_cut_file(monkeypatch):
     assert benchmark.gunzip_streamed(packed) == len(data)
     with pytest.raises(ValueError, match="truncated"):
         benchmark.gunzip_streamed(packed[:-100])
+
+
+def test_the_floors_direct_write_writes_the_blocks_back_to_back(tmp_path, monkeypatch):
+    import mmap
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    from benchmarks import pipeline_benchmark as benchmark
+    blocks = [os.urandom(n) for n in (benchmark.FLOOR_BLOCK, 5, benchmark.FLOOR_BLOCK + 7, 0, 3)]
+    buffer = mmap.mmap(-1, benchmark.FLOOR_BLOCK)
+    if not benchmark.write_direct(blocks, tmp_path / "f", buffer):
+        pytest.skip("this file system does not take O_DIRECT")
+    assert (tmp_path / "f").read_bytes() == b"".join(blocks)
