@@ -131,8 +131,8 @@ def _give_back(buffer: mmap.mmap) -> None:
 
 class _UncachedFile:
     """A new local file written past the page cache (``O_DIRECT``), in aligned
-    blocks gathered in a buffer of its own; written as `open_write` writes
-    when the file system refuses the first block."""
+    blocks gathered in a buffer it holds until closed; written as `open_write`
+    writes when the file system refuses the first block."""
 
     def __init__(self, path: str, fd: int):
         self._path, self._fd, self._buffered = path, fd, None
@@ -217,7 +217,8 @@ def open_uncached(path: str):
         return open_write(path)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | flag, 0o644)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | flag,
+                     0o666)  # less the umask, as open() creates files
     except OSError as e:
         if e.errno != errno.EINVAL:
             raise

@@ -93,3 +93,14 @@ def test_a_full_disk_raises_enospc(tmp_path):
         assert raised.value.errno == errno.ENOSPC
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_the_file_mode_is_what_open_gives(direct_dir):
+    umask = os.umask(0o002)  # a group-writable umask, as on shared machines
+    try:
+        _write(direct_dir / "direct", [b"abc"])
+        with open(direct_dir / "buffered", "wb") as f:
+            f.write(b"abc")
+    finally:
+        os.umask(umask)
+    assert (direct_dir / "direct").stat().st_mode == (direct_dir / "buffered").stat().st_mode
