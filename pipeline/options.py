@@ -109,7 +109,7 @@ def _add_conversion_arguments(parser) -> None:
         "--shuffle", choices=("auto", "beam", "files"), default="auto",
         help="How records reach their shard. beam: the runner's shuffle "
              "(distributed runners); files: key-sorted spill files merged per "
-             "shard, flat memory (the local runner keeps its shuffle in RAM). "
+             "shard, records kept on disk (the local runner keeps its shuffle in RAM). "
              "auto: files for DirectRunner, beam otherwise. Output is identical.")
     parser.add_argument(
         "--download_cache_dir", default=None,
@@ -239,8 +239,9 @@ class Options:
 def shuffle_mode(shuffle: str, runner: str | None) -> str:
     """``beam`` or ``files``: resolves ``--shuffle=auto`` for ``runner``.
 
-    The local runners keep their shuffle in memory, so they get the
-    flat-memory file shuffle; distributed runners shuffle better themselves.
+    The local runners keep their shuffle in memory, so they get the file
+    shuffle, which keeps the records on disk; distributed runners shuffle
+    better themselves.
     """
     if shuffle != "auto":
         return shuffle

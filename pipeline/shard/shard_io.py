@@ -10,7 +10,7 @@ part of its own records.
 
 A shard is the merge of its ranges of all spill files (`merge_spill_ranges`):
 the order comes from the index in one numpy sort, and the bytes are read in
-blocks, so memory stays flat however large the dataset or the shard. The
+blocks, so the merge's memory stays flat however large the shard. The
 framed bytes are copied as they are (each record is framed, and its CRCs
 computed, once); the bucket checksums are checked as the bytes are read, so
 a damaged spill file fails the job instead of reaching a shard.

@@ -19,7 +19,8 @@ shuffle is held in memory)::
   Each chunk a read task produces becomes one key-sorted spill file with a
   footer of its keys; a shard merges one byte range per spill file, in
   blocks (`shard_io.merge_spill_ranges`). Only per-bucket descriptors pass
-  through Beam, so memory does not grow with the dataset.
+  through Beam, never the records; their number is spill files x buckets,
+  and the job's peak memory grows with the data (docs/benchmarks.md).
 
 Element types, as the type aliases below name them:
 
