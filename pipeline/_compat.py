@@ -7,6 +7,8 @@ Beam is imported inside each function, so importing this module costs nothing.
 
 from __future__ import annotations
 
+import functools
+
 
 def set_gcs_retry_deadline(deadline_s: float) -> None:
     """Gives every Beam ``GcsIO`` retry policy the deadline ``deadline_s``.
@@ -14,12 +16,40 @@ def set_gcs_retry_deadline(deadline_s: float) -> None:
     Beam 2.77.0: `apache_beam.io.gcp.gcsio_retry.get_retry` returns one of
     two module-level ``google.api_core.retry.Retry`` objects, ``DEFAULT_RETRY``
     and ``DEFAULT_RETRY_WITH_THROTTLING_COUNTER``; they are replaced by copies
-    with the deadline (``Retry.with_timeout``).
+    with the deadline (``Retry.with_timeout``). Opening a file for reading
+    also reloads the blob's metadata without that policy
+    (`_reload_with_readers_retry`).
     """
     from apache_beam.io.gcp import gcsio_retry
     gcsio_retry.DEFAULT_RETRY = gcsio_retry.DEFAULT_RETRY.with_timeout(deadline_s)
     gcsio_retry.DEFAULT_RETRY_WITH_THROTTLING_COUNTER = (
         gcsio_retry.DEFAULT_RETRY_WITH_THROTTLING_COUNTER.with_timeout(deadline_s))
+    _reload_with_readers_retry()
+
+
+def _reload_with_readers_retry() -> None:
+    """Makes Beam's GCS reader reload its blob with the reader's own retry policy.
+
+    Beam 2.77.0: ``gcsio.BeamBlobReader.__init__(blob, ..., retry=...)`` calls
+    ``blob.reload()`` with no ``retry``, so google-cloud-storage 3.17.1's
+    default applies (a 120 s deadline) whatever policy GcsIO passed. The
+    wrapper binds the reader's policy to that blob's ``reload`` first.
+    Applied once per process.
+    """
+    from apache_beam.io.gcp import gcsio
+    reader = gcsio.BeamBlobReader
+    if getattr(reader.__init__, "reloads_with_readers_retry", False):
+        return
+    original = reader.__init__
+
+    @functools.wraps(original)
+    def __init__(self, blob, *args, **kwargs):
+        if "retry" in kwargs:
+            blob.reload = functools.partial(blob.reload, retry=kwargs["retry"])
+        original(self, blob, *args, **kwargs)
+
+    __init__.reloads_with_readers_retry = True
+    reader.__init__ = __init__
 
 
 def gcs_retry():

@@ -113,6 +113,24 @@ def test_sigkill_mid_write_gcs(gcs_emulator):
     assert verify_main([output]) == 0
 
 
+def test_retry_deadline_bounds_opening_a_file_for_reading():
+    """Opening a gs:// file for reading reloads its metadata first; with no
+    server there, the job's deadline ends that call too, not the storage
+    library's 120 s default."""
+    code = ("from pipeline import storage\n"
+            "storage.configure_gcs()\n"
+            "try:\n"
+            f"    storage.open_read('gs://{EMULATOR_BUCKET}/missing')\n"
+            "except Exception as e:\n"
+            "    print(type(e).__name__, e)\n")
+    env = {**os.environ, "STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{free_port()}",
+           storage.RETRY_DEADLINE_ENV: RETRY_DEADLINE_S}
+    done = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True,
+                          text=True, timeout=100)
+    assert f"Timeout of {float(RETRY_DEADLINE_S)}s exceeded" in done.stdout, \
+        done.stdout + done.stderr[-2000:]
+
+
 @pytest.mark.slow
 def test_storage_dies_mid_job_then_rerun_completes(tmp_path):
     """The GCS server stops partway: a clear failure, nothing published, rerun whole.
