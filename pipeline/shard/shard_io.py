@@ -1,12 +1,13 @@
 """Streaming shard writes and the sorted spill files of the file-based shuffle.
 
-A spill file holds one read task's records sorted by shuffle key, each
-exactly as the shard will hold it (the serialized Example in TFRecord
-framing), then a footer with every record's key and length. Because the
+A spill file holds one chunk of a read task's records sorted by shuffle
+key, each exactly as the shard will hold it (the serialized Example in
+TFRecord framing), then a footer: every record's key and length, and a
+table of its buckets (first record, end offset, checksums). Because the
 order is by key, every bucket -- and so every shard's share -- is one
-contiguous range of the file. Beam carries only per-bucket facts
-(`SpillFile`: record counts, offsets, checksums); a merge reads the footer
-part of its own records.
+contiguous range of the file. Beam carries a few scalars per spill file
+(`SpillFile`) and per shard's range of it (`SpillRange`); the bucket
+table and the index stay on disk, and each step reads the part it needs.
 
 A shard is the merge of its ranges of all spill files (`merge_spill_ranges`):
 the order comes from the index in one numpy sort, and the bytes are read in
@@ -92,73 +93,131 @@ class ShardFileWriter:
                 "sha256": self._sha256.hexdigest()}
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class SpillRange:
-    """Buckets of a spill file that go to one shard: its records ``[first, last)``.
-
-    Per bucket: ``ends`` (the file offset after its records), ``crcs`` (crc32c
-    of its records' bytes) and ``index_crcs`` (of its keys and lengths in
-    the footer); ``bounds`` are the buckets' first records, then ``last``.
-    """
-
-    path: str
-    start: int  # file offset of record ``first``
-    bounds: np.ndarray
-    ends: np.ndarray
-    crcs: np.ndarray
-    index_crcs: np.ndarray
-    num_records: int  # in the whole file, to find the footer's parts
-    index_offset: int
-
-    def __len__(self) -> int:
-        return int(self.bounds[-1] - self.bounds[0])
-
-    def read_index(self, f) -> tuple[np.ndarray, np.ndarray]:
-        """(keys uint8 [n, 16], end offset of each record) of this range, checked."""
-        first, last = int(self.bounds[0]), int(self.bounds[-1])
-        f.seek(self.index_offset + first * KEY_BYTES)
-        key_bytes = f.read((last - first) * KEY_BYTES)
-        f.seek(self.index_offset + self.num_records * KEY_BYTES + first * 4)
-        length_bytes = f.read((last - first) * 4)
-        if len(key_bytes) + len(length_bytes) != (last - first) * SHARDS.spill_index_bytes:
-            raise IOError(f"spill file damaged: {self.path}: ends early (its index is cut short)")
-        rel = (self.bounds - first).tolist()
-        for i, crc in enumerate(self.index_crcs.tolist()):
-            a, b = rel[i], rel[i + 1]
-            if google_crc32c.extend(google_crc32c.value(key_bytes[a * KEY_BYTES:b * KEY_BYTES]),
-                                    length_bytes[a * 4:b * 4]) != crc:
-                raise IOError(f"spill file damaged: {self.path}: index checksum mismatch "
-                              f"for records {first + a}-{first + b}")
-        keys = np.frombuffer(key_bytes, np.uint8).reshape(-1, KEY_BYTES)
-        ends = self.start + np.cumsum(np.frombuffer(length_bytes, "<u4").astype(np.int64))
-        return keys, ends
+# A spill file's bucket table, one row per bucket in ascending order: its id,
+# its first record, the file offset after its records, the crc32c of its
+# records' bytes and the crc32c of its keys and lengths in the footer.
+BUCKET_ROW = np.dtype([("bucket", "<u4"), ("first", "<u4"), ("end", "<u8"),
+                       ("crc", "<u4"), ("index_crc", "<u4")])
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
+def _damaged(path: str, problem: str) -> IOError:
+    return IOError(f"spill file damaged: {path}: {problem}")
+
+
+@dataclasses.dataclass(frozen=True)
 class SpillFile:
-    """A written spill file, as Beam carries it: per bucket, not per record.
+    """A written spill file, as Beam carries it: a name and a few offsets.
 
     The file is the framed records in key order, then a footer at
-    ``index_offset``: every key (16 bytes each), then every record's length
-    (u32 LE each).
+    ``index_offset``: every key (16 bytes each), every record's length (u32
+    LE each), then the bucket table (`BUCKET_ROW` per bucket). Everything
+    per bucket stays in the file, so what the runner holds per spill file
+    does not grow with the number of buckets.
     """
 
     path: str
     num_records: int
     index_offset: int
-    bucket_ids: np.ndarray  # int64 [m], ascending
-    bucket_first: np.ndarray  # int64 [m + 1]: first record of each bucket, then n
-    bucket_ends: np.ndarray  # int64 [m]: file offset after each bucket's records
-    bucket_crcs: np.ndarray  # int64 [m]: crc32c of each bucket's records
-    bucket_index_crcs: np.ndarray  # int64 [m]: crc32c of its keys, then its lengths
+    num_buckets: int
+    table_crc: int  # crc32c of the whole bucket table
 
-    def bucket_range(self, first: int, last: int) -> SpillRange:
-        """Buckets number ``first`` to ``last`` (positions in ``bucket_ids``), inclusive."""
-        start = int(self.bucket_ends[first - 1]) if first else 0
-        return SpillRange(self.path, start, self.bucket_first[first:last + 2],
-                          self.bucket_ends[first:last + 1], self.bucket_crcs[first:last + 1],
-                          self.bucket_index_crcs[first:last + 1], self.num_records,
-                          self.index_offset)
+    @property
+    def table_offset(self) -> int:
+        return self.index_offset + self.num_records * SHARDS.spill_index_bytes
+
+    def read_rows(self, f, lo: int, hi: int, crc: int) -> np.ndarray:
+        """Rows ``[lo, hi)`` of the bucket table, read from ``f`` (this file,
+        open) and checked against ``crc``."""
+        size = (hi - lo) * BUCKET_ROW.itemsize
+        f.seek(self.table_offset + lo * BUCKET_ROW.itemsize)
+        data = f.read(size)
+        if len(data) != size:
+            raise _damaged(self.path, "ends early (its bucket table is cut short)")
+        if google_crc32c.value(data) != crc:
+            raise _damaged(self.path, f"bucket table checksum mismatch in rows {lo}-{hi}")
+        return np.frombuffer(data, BUCKET_ROW)
+
+    def read_table(self) -> np.ndarray:
+        """The whole bucket table, checked."""
+        with storage.open_read(self.path) as f:
+            return self.read_rows(f, 0, self.num_buckets, self.table_crc)
+
+    def bucket_sizes(self, table: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(bucket ids, records, shard bytes) of every bucket in ``table``, int64."""
+        firsts = np.r_[table["first"].astype(np.int64), self.num_records]
+        ends = table["end"].astype(np.int64)
+        return table["bucket"].astype(np.int64), np.diff(firsts), np.diff(np.r_[0, ends])
+
+    def bucket_range(self, table: np.ndarray, first: int, last: int) -> "SpillRange":
+        """Buckets number ``first`` to ``last`` (rows of ``table``), inclusive."""
+        rows = table[first:last + 1]
+        stop = int(table["first"][last + 1]) if last + 1 < len(table) else self.num_records
+        start = int(table["end"][first - 1]) if first else 0
+        return SpillRange(self, first, last + 1, start, int(rows["first"][0]), stop,
+                          google_crc32c.value(rows.tobytes()))
+
+
+@dataclasses.dataclass(frozen=True)
+class SpillRange:
+    """Buckets of a spill file that go to one shard: rows ``[lo, hi)`` of its
+    bucket table, records ``[first, stop)``, bytes from ``start``.
+
+    Scalars only: the merge reads the rows it needs (`SpillFile.read_rows`).
+    """
+
+    spill: SpillFile
+    lo: int
+    hi: int
+    start: int
+    first: int
+    stop: int
+    rows_crc: int
+
+    @property
+    def path(self) -> str:
+        return self.spill.path
+
+    def __len__(self) -> int:
+        return self.stop - self.first
+
+    def read_buckets(self, f) -> "_Buckets":
+        """This range's rows of the bucket table, read from ``f`` (its file, open)."""
+        rows = self.spill.read_rows(f, self.lo, self.hi, self.rows_crc)
+        return _Buckets(np.r_[rows["first"].astype(np.int64), self.stop],
+                        rows["end"].astype(np.int64), rows["crc"].astype(np.int64),
+                        rows["index_crc"].astype(np.int64))
+
+    def read_index(self, f, buckets: "_Buckets") -> tuple[np.ndarray, np.ndarray]:
+        """(keys uint8 [n, 16], end offset of each record) of this range, checked."""
+        first, last = self.first, self.stop
+        spill = self.spill
+        f.seek(spill.index_offset + first * KEY_BYTES)
+        key_bytes = f.read((last - first) * KEY_BYTES)
+        f.seek(spill.index_offset + spill.num_records * KEY_BYTES + first * 4)
+        length_bytes = f.read((last - first) * 4)
+        if len(key_bytes) + len(length_bytes) != (last - first) * SHARDS.spill_index_bytes:
+            raise _damaged(self.path, "ends early (its index is cut short)")
+        rel = (buckets.bounds - first).tolist()
+        for i, crc in enumerate(buckets.index_crcs.tolist()):
+            a, b = rel[i], rel[i + 1]
+            if google_crc32c.extend(google_crc32c.value(key_bytes[a * KEY_BYTES:b * KEY_BYTES]),
+                                    length_bytes[a * 4:b * 4]) != crc:
+                raise _damaged(self.path, "index checksum mismatch "
+                               f"for records {first + a}-{first + b}")
+        keys = np.frombuffer(key_bytes, np.uint8).reshape(-1, KEY_BYTES)
+        ends = self.start + np.cumsum(np.frombuffer(length_bytes, "<u4").astype(np.int64))
+        return keys, ends
+
+
+@dataclasses.dataclass(frozen=True)
+class _Buckets:
+    """A range's buckets, read from its rows: their first records (then the
+    range's stop), end offsets and checksums, int64."""
+
+    bounds: np.ndarray
+    ends: np.ndarray
+    crcs: np.ndarray
+    index_crcs: np.ndarray
 
 
 def write_spill(path: str, buckets: np.ndarray, keys: np.ndarray, data,
@@ -174,9 +233,6 @@ def write_spill(path: str, buckets: np.ndarray, keys: np.ndarray, data,
         raise ValueError(f"{path}: records not in key order")
     key_bytes = np.ascontiguousarray(keys).tobytes()
     length_bytes = lengths.astype("<u4").tobytes()
-    with storage.open_uncached(path) as f:
-        for part in (data, key_bytes, length_bytes):
-            f.write(part)
     ends = np.cumsum(lengths)
     data = np.frombuffer(data, np.uint8)  # slices of it are views, not copies
     ids, first = np.unique(buckets, return_index=True)
@@ -189,17 +245,23 @@ def write_spill(path: str, buckets: np.ndarray, keys: np.ndarray, data,
         index_crcs.append(google_crc32c.extend(
             google_crc32c.value(key_bytes[at[i] * KEY_BYTES:at[i + 1] * KEY_BYTES]),
             length_bytes[at[i] * 4:at[i + 1] * 4]))
-    return SpillFile(path, len(lengths), len(data), ids, bounds,
-                     np.array(offsets[1:], np.int64), np.array(crcs, np.int64),
-                     np.array(index_crcs, np.int64))
+    table = np.zeros(len(ids), BUCKET_ROW)
+    table["bucket"], table["first"], table["end"] = ids, first, offsets[1:]
+    table["crc"], table["index_crc"] = crcs, index_crcs
+    table_bytes = table.tobytes()
+    with storage.open_uncached(path) as f:
+        for part in (data, key_bytes, length_bytes, table_bytes):
+            f.write(part)
+    return SpillFile(path, len(lengths), len(data), len(ids), google_crc32c.value(table_bytes))
 
 
 class _RangeReader:
     """Reads a spill range front to back, checking each bucket's crc32c."""
 
     def __init__(self, f, spill: SpillRange):
-        self._f, self._spill = f, spill
-        self.keys, self.ends = spill.read_index(f)
+        self._f, self._path = f, spill.path
+        self._buckets = spill.read_buckets(f)
+        self.keys, self.ends = spill.read_index(f, self._buckets)
         self.start = self.offset = spill.start  # offset: read up to here
         self._crc = 0
         self._check = 0
@@ -207,21 +269,21 @@ class _RangeReader:
 
     def read(self, end: int) -> bytes:
         """The bytes from the current offset to ``end``."""
-        path = self._spill.path
+        path = self._path
         data = self._f.read(end - self.offset)
         if len(data) != end - self.offset:
             raise IOError(f"spill file damaged: {path}: ends {end - self.offset - len(data)} "
                           f"bytes early, at byte {self.offset + len(data)}")
         at = self.offset
         view = np.frombuffer(data, np.uint8)  # slices of it are views, not copies
-        check_ends, crcs = self._spill.ends, self._spill.crcs
+        check_ends, crcs = self._buckets.ends, self._buckets.crcs
         while at < end:
             stop = min(end, int(check_ends[self._check]))
             self._crc = google_crc32c.extend(self._crc, view[at - self.offset:stop - self.offset])
             if stop == check_ends[self._check]:
                 if self._crc != crcs[self._check]:
                     begin = int(check_ends[self._check - 1]) if self._check else \
-                        self._spill.start
+                        self.start
                     raise IOError(f"spill file damaged: {path}: checksum mismatch in "
                                   f"bytes {begin}-{stop}")
                 self._crc, self._check = 0, self._check + 1

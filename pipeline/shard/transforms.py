@@ -17,10 +17,11 @@ shuffle is held in memory)::
     ReadTasks -> SpillSortedRuns -> PlanShards -> MergeSpillsIntoShards -> WriteShardList
 
   Each chunk a read task produces becomes one key-sorted spill file with a
-  footer of its keys; a shard merges one byte range per spill file, in
-  blocks (`shard_io.merge_spill_ranges`). Only per-bucket descriptors pass
-  through Beam, never the records; their number is spill files x buckets,
-  and the job's peak memory grows with the data (docs/benchmarks.md).
+  footer of its keys and its bucket table; a shard merges one byte range per
+  spill file, in blocks (`shard_io.merge_spill_ranges`). Through Beam pass
+  a few scalars per spill file and per (spill file, shard) range, never the
+  records or anything per bucket: the bucket tables stay in the files, and
+  the plan's sizes are summed by a combiner into one array per split.
 
 Element types, as the type aliases below name them:
 
@@ -28,8 +29,8 @@ Element types, as the type aliases below name them:
     KeyedBatch    ((split, bucket), [(shuffle key, Example bytes), ...])
     BucketSizes   (split, (bucket ids, records, shard bytes)), int64 arrays
     Plans         {split: sharding.ShardPlan}            (one element)
-    SpillRun      (split, shard_io.SpillFile, (bucket ids, records, shard bytes))
-                  (framed records in key order, then their keys, see `shard_io`)
+    SpillRun      (split, shard_io.SpillFile)
+                  (framed records in key order, then the footer, see `shard_io`)
 
 Every ParDo has a single output: Beam's DaskRunner sends all tagged outputs of
 a multi-output ParDo into one collection.
@@ -64,7 +65,7 @@ COUNTER_NAMESPACE = "mnist_pipeline"
 ReadTask = tuple[str, int, Any]
 KeyedBatch = tuple[tuple[str, int], list[tuple[bytes, bytes]]]
 BucketSizes = tuple[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
-SpillRun = tuple[str, SpillFile, tuple[np.ndarray, np.ndarray, np.ndarray]]
+SpillRun = tuple[str, SpillFile]
 ShardRange = tuple[tuple[str, int], SpillRange]
 WrittenShard = dict
 
@@ -196,21 +197,18 @@ class _SpillFn(_SourceFn):
                     path = contract.join_path(self._settings.spill_dir(),
                                               f"{split}-{task_index:06d}-{chunk:06d}")
                     for spill in writes.submit(write_spill, path, *spilled):
-                        yield _spill_run(split, spill)
+                        yield split, spill
                 for spill in writes.wait_all():
-                    yield _spill_run(split, spill)
+                    yield split, spill
             finally:
                 writes.close()
 
 
-def _spill_run(split: str, spill: SpillFile) -> SpillRun:
-    counts = np.diff(spill.bucket_first)
-    return split, spill, (spill.bucket_ids, counts, np.diff(np.r_[0, spill.bucket_ends]))
-
-
 def spill_sizes(spill: SpillRun) -> BucketSizes:
-    split, _, sizes = spill
-    return split, sizes
+    """The records and shard bytes a spill file adds to each bucket, from its table."""
+    storage.configure_gcs()
+    split, spill_file = spill
+    return split, spill_file.bucket_sizes(spill_file.read_table())
 
 
 class SpillSortedRuns(beam.PTransform):
@@ -228,20 +226,47 @@ class SpillSortedRuns(beam.PTransform):
         return tasks | "Spill" >> beam.ParDo(_SpillFn(self._settings))
 
 
-def _sum_per_split(grouped: tuple[str, Iterable]) -> tuple[str, dict[int, tuple[int, int]]]:
-    """(split, {bucket: (records, shard bytes)}), summed over the split's parts by numpy."""
-    split, parts = grouped
-    parts = list(parts)
-    if not parts:
-        return split, {}
-    ids, counts, sizes = (np.concatenate([np.asarray(part[i], np.int64) for part in parts])
-                          for i in range(3))
-    buckets, which = np.unique(ids, return_inverse=True)
-    total = np.zeros(len(buckets), np.int64)
-    np.add.at(total, which, sizes)
-    records = np.zeros(len(buckets), np.int64)
-    np.add.at(records, which, counts)
-    return split, dict(zip(buckets.tolist(), zip(records.tolist(), total.tolist())))
+class SumBucketSizes(beam.CombineFn):
+    """Sums BucketSizes' parts into dense arrays indexed by bucket id.
+
+    The accumulator is two int64 arrays as long as the largest bucket id
+    seen (at most 2 ** ``ShardConfig.max_bucket_bits``), so what the runner
+    holds for the plan does not grow with the number of parts; the output is
+    {bucket: (records, shard bytes)} for the buckets that hold records.
+    """
+
+    def create_accumulator(self) -> tuple[np.ndarray, np.ndarray]:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+
+    def add_input(self, accumulator, part):
+        ids, counts, sizes = (np.asarray(column, np.int64) for column in part)
+        records, total = _grown(accumulator, int(ids.max()) + 1 if len(ids) else 0)
+        np.add.at(records, ids, counts)
+        np.add.at(total, ids, sizes)
+        return records, total
+
+    def merge_accumulators(self, accumulators):
+        accumulators = list(accumulators)
+        length = max(len(records) for records, _ in accumulators)
+        records, total = _grown(self.create_accumulator(), length)
+        for more_records, more_total in accumulators:
+            records[:len(more_records)] += more_records
+            total[:len(more_total)] += more_total
+        return records, total
+
+    def extract_output(self, accumulator) -> dict[int, tuple[int, int]]:
+        records, total = accumulator
+        ids = np.flatnonzero(records)
+        return dict(zip(ids.tolist(), zip(records[ids].tolist(), total[ids].tolist())))
+
+
+def _grown(accumulator, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """The accumulator's arrays, zero-padded to at least ``length``."""
+    records, total = accumulator
+    if len(records) >= length:
+        return records, total
+    more = max(length, 2 * len(records)) - len(records)
+    return np.r_[records, np.zeros(more, np.int64)], np.r_[total, np.zeros(more, np.int64)]
 
 
 def make_plans(split_sizes: list[tuple[str, dict[int, tuple[int, int]]]], target_bytes: int,
@@ -259,10 +284,8 @@ class PlanShards(beam.PTransform):
         self._settings = settings
 
     def expand(self, sizes):
-        # A plain GroupByKey rather than a combiner: the elements are few.
         return (sizes
-                | "GroupBySplit" >> beam.GroupByKey()
-                | "SumPerSplit" >> beam.Map(_sum_per_split)
+                | "SumPerSplit" >> beam.CombinePerKey(SumBucketSizes())
                 | "CollectSplits" >> beam.combiners.ToList()
                 | "Plan" >> beam.Map(make_plans, self._settings.target_bytes,
                                      self._settings.min_shards))
@@ -330,15 +353,18 @@ class GroupAndWriteShards(beam.PTransform):
 
 
 def shard_ranges(spill: SpillRun, plans) -> Iterator[ShardRange]:
-    """One spill run -> the range of it that each shard takes."""
-    split, spill_file, (ids, _, _) = spill
+    """One spill run -> the range of it that each shard takes, from its bucket table."""
+    storage.configure_gcs()
+    split, spill_file = spill
+    table = spill_file.read_table()
+    ids = table["bucket"]
     if not len(ids):
         return
     lookup = plans[split].bucket_to_shard
     shards = np.fromiter((lookup[b] for b in ids.tolist()), np.int64, len(ids))
     cuts = np.flatnonzero(np.diff(shards)) + 1
     for first, last in zip(np.r_[0, cuts].tolist(), (np.r_[cuts, len(ids)] - 1).tolist()):
-        yield (split, int(shards[first])), spill_file.bucket_range(first, last)
+        yield (split, int(shards[first])), spill_file.bucket_range(table, first, last)
 
 
 class _MergeShardFn(_ShardWriterFn):

@@ -5,6 +5,7 @@ import gzip
 import hashlib
 import io
 import json
+import pickle
 from pathlib import Path
 
 import apache_beam as beam
@@ -19,8 +20,8 @@ from mnist_contract import examples, framing
 from pipeline.shard import batches
 from pipeline.shard import sharding
 from pipeline.shard import transforms
-from pipeline.shard.shard_io import (ShardFileWriter, gather_records, merge_spill_ranges,
-                                     write_spill)
+from pipeline.shard.shard_io import (BUCKET_ROW, ShardFileWriter, gather_records,
+                                     merge_spill_ranges, write_spill)
 from pipeline.source.sources import SyntheticSource
 
 
@@ -89,6 +90,35 @@ def test_plan_shards_sums_chunks_per_split(tmp_path):
     assert expected["train"].num_shards == 3
 
 
+def test_sum_bucket_sizes_adds_parts_of_any_length_and_merges_accumulators():
+    fn = transforms.SumBucketSizes()
+    a = fn.add_input(fn.create_accumulator(),
+                     (np.array([1, 3, 6]), np.array([10, 10, 10]), np.array([9, 9, 9])))
+    a = fn.add_input(a, (np.array([1, 200]), np.array([1, 2]), np.array([5, 7])))
+    b = fn.add_input(fn.create_accumulator(), (np.array([3]), np.array([4]), np.array([8])))
+    empty = fn.add_input(fn.create_accumulator(), (np.array([]), np.array([]), np.array([])))
+    merged = fn.merge_accumulators([b, a, empty, fn.create_accumulator()])
+    assert fn.extract_output(merged) == {1: (11, 14), 3: (14, 17), 6: (10, 9), 200: (2, 7)}
+    assert fn.extract_output(fn.create_accumulator()) == {}
+
+
+def test_what_beam_carries_of_a_spill_file_does_not_grow_with_its_buckets(tmp_path):
+    """A SpillRun and a SpillRange are a few scalars whether the file's 5,000
+    records fall in 64 buckets or in nearly 5,000."""
+    keys = batches.shuffle_keys("s", "train", np.arange(5_000))
+    keys = keys[batches.key_order(keys)]
+    carried = {}
+    for bits in (6, 16):
+        spill = write_spill(str(tmp_path / f"spill-{bits:02d}"), batches.buckets_of(keys, bits),
+                            keys, bytes(5_000 * 7), [7] * 5_000)
+        table = spill.read_table()
+        half = spill.bucket_range(table, 0, len(table) // 2)
+        carried[bits] = (len(table), len(pickle.dumps(("train", spill))), len(pickle.dumps(half)))
+    assert carried[6][0] == 64 and carried[16][0] > 4_500
+    for _, run, ranged in carried.values():
+        assert run < 300 and ranged < 500
+
+
 def test_write_shard_list_sorts_by_file(tmp_path):
     settings = _settings(tmp_path)
     infos = [{"split": "train", "file": f"f{i}", "num_examples": i} for i in (2, 0, 1)]
@@ -105,15 +135,18 @@ def test_spill_runs_cover_each_record_once_in_key_order(tmp_path):
     def check(spills):
         assert len(spills) == 4  # three train chunks, one test chunk
         per_split = {"train": 0, "test": 0}
-        for split, spill, (ids, counts, sizes) in spills:
+        for split, spill in spills:
             data = Path(spill.path).read_bytes()
             n = spill.num_records
-            assert spill.index_offset == spill.bucket_ends[-1] == sizes.sum()
-            assert len(data) == spill.index_offset + n * (batches.KEY_BYTES + 4)
+            table = spill.read_table()
+            ids, counts, sizes = spill.bucket_sizes(table)
+            assert spill.index_offset == table["end"][-1] == sizes.sum()
+            assert len(data) == spill.table_offset + spill.num_buckets * BUCKET_ROW.itemsize
+            assert spill.table_offset == spill.index_offset + n * (batches.KEY_BYTES + 4)
             assert list(ids) == sorted(set(ids)) and counts.sum() == n
-            ranged = spill.bucket_range(0, len(ids) - 1)
+            ranged = spill.bucket_range(table, 0, len(ids) - 1)
             with open(spill.path, "rb") as f:
-                index_keys, ends = ranged.read_index(f)
+                index_keys, ends = ranged.read_index(f, ranged.read_buckets(f))
             starts = np.r_[0, ends[:-1]]
             keys = [k.tobytes() for k in index_keys]
             assert keys == sorted(keys) and len(set(keys)) == n
@@ -186,12 +219,14 @@ def _spill_files(tmp_path, count, seed, width=None):
 def test_spill_files_merge_into_key_order_within_the_memory_bound(tmp_path, width):
     spills, pairs = _spill_files(tmp_path, 5, seed=3, width=width)
     expected = b"".join(record for _, record in sorted(pairs))
-    for spill in spills:  # each bucket is one range of records, in key order
-        for i, bucket in enumerate(spill.bucket_ids.tolist()):
+    tables = [s.read_table() for s in spills]
+    for spill, table in zip(spills, tables):  # each bucket is one range of records, in key order
+        for i, bucket in enumerate(table["bucket"].tolist()):
+            ranged = spill.bucket_range(table, i, i)
             with open(spill.path, "rb") as f:
-                keys, _ = spill.bucket_range(i, i).read_index(f)
+                keys, _ = ranged.read_index(f, ranged.read_buckets(f))
             assert {_bucket(k.tobytes(), 6) for k in keys} == {bucket}
-    whole = [s.bucket_range(0, len(s.bucket_ids) - 1) for s in spills]
+    whole = [s.bucket_range(t, 0, len(t) - 1) for s, t in zip(spills, tables)]
     for memory in (1, 500, 10_000, 1 << 30):
         blocks = list(merge_spill_ranges(whole, memory))
         assert b"".join(b for b, _ in blocks) == expected
@@ -199,11 +234,11 @@ def test_spill_files_merge_into_key_order_within_the_memory_bound(tmp_path, widt
         if memory == 10_000:  # blocks of about the bound, not the whole shard at once
             assert len(blocks) > 5 and max(len(b) for b, _ in blocks) < 10_000 + 400
     # A shard's share: some buckets' ranges of every spill file.
-    part = [s.bucket_range(1, 3) for s in spills]
+    part = [s.bucket_range(t, 1, 3) for s, t in zip(spills, tables)]
     chosen = set()
     for r in part:
         with open(r.path, "rb") as f:
-            chosen.update(k.tobytes() for k in r.read_index(f)[0])
+            chosen.update(k.tobytes() for k in r.read_index(f, r.read_buckets(f))[0])
     assert b"".join(b for b, _ in merge_spill_ranges(part, 777)) == b"".join(
         r for k, r in sorted(pairs) if k in chosen)
 
@@ -241,20 +276,29 @@ def test_damaged_spill_file_fails_the_merge(tmp_path):
     (spill,), _ = _spill_files(tmp_path, 1, seed=4)
     path = Path(spill.path)
     good = path.read_bytes()
-    whole = spill.bucket_range(0, len(spill.bucket_ids) - 1)
-    last = spill.bucket_range(len(spill.bucket_ids) - 1, len(spill.bucket_ids) - 1)
-    footer = spill.index_offset
-    # A length, its CRC, data, the last CRC of the records; a key and a length in the footer.
+    table = spill.read_table()
+    whole = spill.bucket_range(table, 0, len(table) - 1)
+    last = spill.bucket_range(table, len(table) - 1, len(table) - 1)
+    footer, rows = spill.index_offset, spill.table_offset
+    # A length, its CRC, data, the last CRC of the records; a key and a length in the
+    # footer; the bucket table's first and last row.
     for at, problem in ((3, "checksum mismatch in bytes 0-"), (9, "checksum mismatch"),
                         (40, "checksum mismatch"), (footer - 1, "checksum mismatch"),
                         (footer + 5, "index checksum mismatch for records 0-"),
-                        (len(good) - 1, "index checksum mismatch")):
+                        (rows - 1, "index checksum mismatch"),
+                        (rows + 1, "bucket table checksum mismatch in rows 0-"),
+                        (len(good) - 1, "bucket table checksum mismatch")):
         data = bytearray(good)
         data[at] ^= 1
         path.write_bytes(bytes(data))
         with pytest.raises(IOError, match=rf"spill file damaged: .*spill-0: {problem}"):
             list(merge_spill_ranges([whole], 1 << 20))
     path.write_bytes(good[:-5])
+    with pytest.raises(IOError, match=r"spill file damaged: .*spill-0: ends early"):
+        list(merge_spill_ranges([whole], 1 << 20))
+    with pytest.raises(IOError, match=r"spill file damaged: .*spill-0: ends early"):
+        spill.read_table()
+    path.write_bytes(good[:rows - 5])
     with pytest.raises(IOError, match=r"spill file damaged: .*spill-0: ends early"):
         list(merge_spill_ranges([whole], 1 << 20))
     # A range that avoids the damage reads fine.
