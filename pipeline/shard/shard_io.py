@@ -5,9 +5,10 @@ key, each exactly as the shard will hold it (the serialized Example in
 TFRecord framing), then a footer: every record's key and length, and a
 table of its buckets (first record, end offset, checksums). Because the
 order is by key, every bucket -- and so every shard's share -- is one
-contiguous range of the file. Beam carries a few scalars per spill file
-(`SpillFile`) and per shard's range of it (`SpillRange`); the bucket
-table and the index stay on disk, and each step reads the part it needs.
+contiguous range of the file. Once the plan is known, a shard index is
+written beside each spill file (`shard_index`): the range of it that each
+shard takes. Beam carries a few scalars per spill file (`SpillFile`); the
+tables stay on disk, and each step reads the part it needs.
 
 A shard is the merge of its ranges of all spill files (`merge_spill_ranges`):
 the order comes from the index in one numpy sort, and the bytes are read in
@@ -99,6 +100,15 @@ class ShardFileWriter:
 BUCKET_ROW = np.dtype([("bucket", "<u4"), ("first", "<u4"), ("end", "<u8"),
                        ("crc", "<u4"), ("index_crc", "<u4")])
 
+# A spill file's shard index, written beside it (``<spill>.shards``) once the
+# plan is known: row ``s`` is the range shard ``s`` takes, as `SpillRange`
+# holds it (rows ``[lo, hi)`` of the bucket table, empty if equal), then the
+# crc32c of the row's other fields.
+SHARD_ROW = np.dtype([("lo", "<u4"), ("hi", "<u4"), ("start", "<u8"), ("first", "<u4"),
+                      ("stop", "<u4"), ("rows_crc", "<u4"), ("crc", "<u4")])
+_SHARD_ROW_CHECKED = SHARD_ROW.fields["crc"][1]  # bytes of a row its crc covers
+SHARD_INDEX_SUFFIX = ".shards"
+
 
 def _damaged(path: str, problem: str) -> IOError:
     return IOError(f"spill file damaged: {path}: {problem}")
@@ -148,13 +158,27 @@ class SpillFile:
         ends = table["end"].astype(np.int64)
         return table["bucket"].astype(np.int64), np.diff(firsts), np.diff(np.r_[0, ends])
 
-    def bucket_range(self, table: np.ndarray, first: int, last: int) -> "SpillRange":
-        """Buckets number ``first`` to ``last`` (rows of ``table``), inclusive."""
-        rows = table[first:last + 1]
-        stop = int(table["first"][last + 1]) if last + 1 < len(table) else self.num_records
-        start = int(table["end"][first - 1]) if first else 0
-        return SpillRange(self, first, last + 1, start, int(rows["first"][0]), stop,
-                          google_crc32c.value(rows.tobytes()))
+    @property
+    def shard_index_path(self) -> str:
+        """Where `write_shard_index` puts this file's range of each shard."""
+        return self.path + SHARD_INDEX_SUFFIX
+
+    def shard_range(self, shard: int) -> "SpillRange | None":
+        """This file's range of ``shard`` (None if the shard takes none of it),
+        from row ``shard`` of its shard index."""
+        with storage.open_read(self.shard_index_path) as f:
+            f.seek(shard * SHARD_ROW.itemsize)
+            data = f.read(SHARD_ROW.itemsize)
+        if len(data) != SHARD_ROW.itemsize:
+            raise _damaged(self.path, f"its shard index ends before shard {shard}")
+        row = np.frombuffer(data, SHARD_ROW)[0]
+        if google_crc32c.value(data[:_SHARD_ROW_CHECKED]) != row["crc"]:
+            raise _damaged(self.path, f"shard index checksum mismatch for shard {shard}")
+        lo, hi = int(row["lo"]), int(row["hi"])
+        if lo == hi:
+            return None
+        return SpillRange(self, lo, hi, int(row["start"]), int(row["first"]),
+                          int(row["stop"]), int(row["rows_crc"]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,6 +277,35 @@ def write_spill(path: str, buckets: np.ndarray, keys: np.ndarray, data,
         for part in (data, key_bytes, length_bytes, table_bytes):
             f.write(part)
     return SpillFile(path, len(lengths), len(data), len(ids), google_crc32c.value(table_bytes))
+
+
+def shard_index(spill: SpillFile, table: np.ndarray, shards: np.ndarray,
+                num_shards: int) -> np.ndarray:
+    """`SHARD_ROW` s: the range of ``spill`` that shard s takes, given the
+    shard of each row of its bucket ``table`` (in bucket order, so
+    non-decreasing: a shard is a contiguous run of buckets)."""
+    shards = np.asarray(shards, np.int64)
+    if np.any(np.diff(shards) < 0):
+        raise ValueError(f"{spill.path}: shards out of bucket order")
+    wanted = np.arange(num_shards)
+    lo, hi = np.searchsorted(shards, wanted, "left"), np.searchsorted(shards, wanted, "right")
+    firsts = np.r_[table["first"].astype(np.int64), spill.num_records]
+    ends = np.r_[0, table["end"].astype(np.int64)]
+    rows = np.zeros(num_shards, SHARD_ROW)
+    rows["lo"], rows["hi"], rows["start"] = lo, hi, ends[lo]
+    rows["first"], rows["stop"] = firsts[lo], firsts[hi]
+    table_bytes, width = table.tobytes(), BUCKET_ROW.itemsize
+    rows["rows_crc"] = [google_crc32c.value(table_bytes[a * width:b * width])
+                        for a, b in zip(lo.tolist(), hi.tolist())]
+    data = rows.tobytes()
+    rows["crc"] = [google_crc32c.value(data[i:i + _SHARD_ROW_CHECKED])
+                   for i in range(0, len(data), SHARD_ROW.itemsize)]
+    return rows
+
+
+def write_shard_index(spill: SpillFile, rows: np.ndarray) -> None:
+    """Writes `shard_index`'s rows beside the spill file."""
+    storage.write_bytes(spill.shard_index_path, rows.tobytes())
 
 
 class _RangeReader:

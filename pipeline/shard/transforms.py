@@ -14,14 +14,17 @@ distributed runners)::
 `ConvertWithFileShuffle` (``--shuffle=files``, for the local runner, whose
 shuffle is held in memory)::
 
-    ReadTasks -> SpillSortedRuns -> PlanShards -> MergeSpillsIntoShards -> WriteShardList
+    ReadTasks -> SpillSortedRuns -> PlanShards -> IndexSpillsByShard
+              -> MergeSpillsIntoShards -> WriteShardList
 
   Each chunk a read task produces becomes one key-sorted spill file with a
-  footer of its keys and its bucket table; a shard merges one byte range per
-  spill file, in blocks (`shard_io.merge_spill_ranges`). Through Beam pass
-  a few scalars per spill file and per (spill file, shard) range, never the
-  records or anything per bucket: the bucket tables stay in the files, and
-  the plan's sizes are summed by a combiner into one array per split.
+  footer of its keys and its bucket table. Once the plan is known, each
+  spill file gets a shard index beside it (the range of it each shard
+  takes); a shard then merges its range of every spill file, in blocks
+  (`shard_io.merge_spill_ranges`). Through Beam pass a few scalars per
+  spill file and per shard, never the records or anything per bucket or
+  per (spill file, shard) pair: the tables stay on disk, and the plan's
+  sizes are summed by a combiner into one array per split.
 
 Element types, as the type aliases below name them:
 
@@ -31,10 +34,10 @@ Element types, as the type aliases below name them:
     Plans         {split: sharding.ShardPlan}            (one element)
     SpillRun      (split, shard_io.SpillFile)
                   (framed records in key order, then the footer, see `shard_io`)
+    ShardTask     (split, shard)
 
 Every ParDo has a single output: Beam's DaskRunner sends all tagged outputs of
 a multi-output ParDo into one collection.
-    ShardRange    ((split, shard), shard_io.SpillRange)
     WrittenShard  {"split", "file", "num_examples", "num_bytes", "sha256"}
 """
 
@@ -57,8 +60,8 @@ from pipeline.shard import sharding
 from pipeline.shard.batches import encode_batch, group_by_bucket, spill_batch
 from pipeline.shard.config import SHARDS, SPILL_DIR
 from pipeline.shard.overlap import InOrder, prefetched
-from pipeline.shard.shard_io import (ShardFileWriter, SpillFile, SpillRange,
-                                     merge_spill_ranges, write_spill)
+from pipeline.shard.shard_io import (ShardFileWriter, SpillFile, merge_spill_ranges,
+                                     shard_index, write_shard_index, write_spill)
 
 COUNTER_NAMESPACE = "mnist_pipeline"
 
@@ -66,7 +69,7 @@ ReadTask = tuple[str, int, Any]
 KeyedBatch = tuple[tuple[str, int], list[tuple[bytes, bytes]]]
 BucketSizes = tuple[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
 SpillRun = tuple[str, SpillFile]
-ShardRange = tuple[tuple[str, int], SpillRange]
+ShardTask = tuple[str, int]
 WrittenShard = dict
 
 
@@ -352,35 +355,65 @@ class GroupAndWriteShards(beam.PTransform):
                 | "SortAndWrite" >> beam.ParDo(_SortAndWriteShardFn(self._settings), plans))
 
 
-def shard_ranges(spill: SpillRun, plans) -> Iterator[ShardRange]:
-    """One spill run -> the range of it that each shard takes, from its bucket table."""
-    storage.configure_gcs()
-    split, spill_file = spill
-    table = spill_file.read_table()
-    ids = table["bucket"]
-    if not len(ids):
-        return
-    lookup = plans[split].bucket_to_shard
-    shards = np.fromiter((lookup[b] for b in ids.tolist()), np.int64, len(ids))
-    cuts = np.flatnonzero(np.diff(shards)) + 1
-    for first, last in zip(np.r_[0, cuts].tolist(), (np.r_[cuts, len(ids)] - 1).tolist()):
-        yield (split, int(shards[first])), spill_file.bucket_range(table, first, last)
+def shards_of_rows(table: np.ndarray, plan: sharding.ShardPlan) -> np.ndarray:
+    """The shard of each row of a spill file's bucket table, int64."""
+    lookup = plan.bucket_to_shard
+    ids = table["bucket"].tolist()
+    return np.fromiter((lookup[b] for b in ids), np.int64, len(ids))
+
+
+class _IndexSpillFn(beam.DoFn):
+    def setup(self):
+        storage.configure_gcs()
+
+    def process(self, element: SpillRun, plans) -> Iterator[SpillRun]:
+        split, spill = element
+        table = spill.read_table()
+        plan = plans[split]
+        rows = shard_index(spill, table, shards_of_rows(table, plan), plan.num_shards)
+        with stop.writing():
+            write_shard_index(spill, rows)
+        yield element
+
+
+class IndexSpillsByShard(beam.PTransform):
+    """PCollection[SpillRun] -> PCollection[SpillRun], given the Plans: the
+    same runs, each once its shard index is written beside it."""
+
+    def __init__(self, plans):
+        super().__init__()
+        self._plans = plans
+
+    def expand(self, spills):
+        plans = beam.pvalue.AsSingleton(self._plans)
+        return spills | "WriteIndex" >> beam.ParDo(_IndexSpillFn(), plans)
+
+
+def shard_tasks(plans: dict[str, sharding.ShardPlan]) -> Iterator[ShardTask]:
+    """Every shard of every split."""
+    for split, plan in sorted(plans.items()):
+        for shard in range(plan.num_shards):
+            yield split, shard
 
 
 class _MergeShardFn(_ShardWriterFn):
-    def process(self, element, plans) -> Iterator[WrittenShard]:
-        (split, shard), ranges = element
-        ranges = sorted(ranges, key=lambda r: (r.path, r.start))  # a fixed order of reads
+    def process(self, element: ShardTask, plans, spills) -> Iterator[WrittenShard]:
+        split, shard = element
+        files = sorted((spill for spill_split, spill in spills if spill_split == split),
+                       key=lambda spill: spill.path)  # a fixed order of reads
+        ranges = [r for r in (spill.shard_range(shard) for spill in files) if r is not None]
         yield self._write(split, shard, plans[split].num_shards,
                           merge_spill_ranges(ranges, SHARDS.merge_memory_bytes),
                           blocks=True)
 
 
 class MergeSpillsIntoShards(beam.PTransform):
-    """PCollection[SpillRun] -> PCollection[WrittenShard], given the Plans.
+    """PCollection[SpillRun] (indexed) -> PCollection[WrittenShard], given the Plans.
 
-    Each shard merges its byte range of every spill file, ordered by the
-    ranges' keys and copied in blocks of about ``ShardConfig.merge_memory_bytes``.
+    One element per shard, spread over workers; each merges its range of
+    every spill file, ordered by the records' keys and copied in blocks of
+    about ``ShardConfig.merge_memory_bytes``. The spill runs come as a side
+    input: one small value per spill file.
     """
 
     def __init__(self, settings: ConvertSettings, plans):
@@ -390,10 +423,11 @@ class MergeSpillsIntoShards(beam.PTransform):
 
     def expand(self, spills):
         plans = beam.pvalue.AsSingleton(self._plans)
-        return (spills
-                | "ShardRanges" >> beam.FlatMap(shard_ranges, plans)
-                | "GroupRangesByShard" >> beam.GroupByKey()
-                | "Merge" >> beam.ParDo(_MergeShardFn(self._settings), plans))
+        return (self._plans
+                | "ListShards" >> beam.FlatMap(shard_tasks)
+                | "Spread" >> beam.Reshuffle()
+                | "Merge" >> beam.ParDo(_MergeShardFn(self._settings), plans,
+                                        beam.pvalue.AsList(spills)))
 
 
 def write_shard_list(infos: list[WrittenShard], path: str) -> str:
@@ -450,6 +484,7 @@ class ConvertWithFileShuffle(beam.PTransform):
         spilled = pbegin | "ReadTasks" >> ReadTasks(s) | "SpillSortedRuns" >> SpillSortedRuns(s)
         plans = (spilled | "SpillSizes" >> beam.Map(spill_sizes)
                  | "PlanShards" >> PlanShards(s))
-        written = spilled | "WriteShards" >> MergeSpillsIntoShards(s, plans)
+        indexed = spilled | "IndexSpillsByShard" >> IndexSpillsByShard(plans)
+        written = indexed | "WriteShards" >> MergeSpillsIntoShards(s, plans)
         _ = written | "WriteShardList" >> WriteShardList(s)
         return written

@@ -20,8 +20,9 @@ from mnist_contract import examples, framing
 from pipeline.shard import batches
 from pipeline.shard import sharding
 from pipeline.shard import transforms
-from pipeline.shard.shard_io import (BUCKET_ROW, ShardFileWriter, gather_records,
-                                     merge_spill_ranges, write_spill)
+from pipeline.shard.shard_io import (BUCKET_ROW, SHARD_ROW, ShardFileWriter, gather_records,
+                                     merge_spill_ranges, shard_index, write_shard_index,
+                                     write_spill)
 from pipeline.source.sources import SyntheticSource
 
 
@@ -103,8 +104,8 @@ def test_sum_bucket_sizes_adds_parts_of_any_length_and_merges_accumulators():
 
 
 def test_what_beam_carries_of_a_spill_file_does_not_grow_with_its_buckets(tmp_path):
-    """A SpillRun and a SpillRange are a few scalars whether the file's 5,000
-    records fall in 64 buckets or in nearly 5,000."""
+    """A SpillRun, and a range of it that a shard reads, are a few scalars
+    whether the file's 5,000 records fall in 64 buckets or in nearly 5,000."""
     keys = batches.shuffle_keys("s", "train", np.arange(5_000))
     keys = keys[batches.key_order(keys)]
     carried = {}
@@ -112,7 +113,7 @@ def test_what_beam_carries_of_a_spill_file_does_not_grow_with_its_buckets(tmp_pa
         spill = write_spill(str(tmp_path / f"spill-{bits:02d}"), batches.buckets_of(keys, bits),
                             keys, bytes(5_000 * 7), [7] * 5_000)
         table = spill.read_table()
-        half = spill.bucket_range(table, 0, len(table) // 2)
+        half = _range_of(spill, table, 0, len(table) // 2)
         carried[bits] = (len(table), len(pickle.dumps(("train", spill))), len(pickle.dumps(half)))
     assert carried[6][0] == 64 and carried[16][0] > 4_500
     for _, run, ranged in carried.values():
@@ -144,7 +145,7 @@ def test_spill_runs_cover_each_record_once_in_key_order(tmp_path):
             assert len(data) == spill.table_offset + spill.num_buckets * BUCKET_ROW.itemsize
             assert spill.table_offset == spill.index_offset + n * (batches.KEY_BYTES + 4)
             assert list(ids) == sorted(set(ids)) and counts.sum() == n
-            ranged = spill.bucket_range(table, 0, len(ids) - 1)
+            ranged = _range_of(spill, table, 0, len(ids) - 1)
             with open(spill.path, "rb") as f:
                 index_keys, ends = ranged.read_index(f, ranged.read_buckets(f))
             starts = np.r_[0, ends[:-1]]
@@ -196,6 +197,14 @@ def test_both_convert_transforms_write_the_same_bytes(tmp_path):
     assert outputs[0] == outputs[1] and len(outputs[0]) == 16
 
 
+def _range_of(spill, table, first, last):
+    """The range of bucket rows ``first`` to ``last`` (inclusive), as a shard
+    reads it: through a shard index that gives them to shard 1 of 3."""
+    shards = np.repeat([0, 1, 2], [first, last - first + 1, len(table) - last - 1])
+    write_shard_index(spill, shard_index(spill, table, shards, 3))
+    return spill.shard_range(1)
+
+
 def _spill_files(tmp_path, count, seed, width=None):
     """``count`` spill files of random framed records (of random lengths, or all
     of ``width`` bytes); returns them and all (key, record)."""
@@ -222,11 +231,11 @@ def test_spill_files_merge_into_key_order_within_the_memory_bound(tmp_path, widt
     tables = [s.read_table() for s in spills]
     for spill, table in zip(spills, tables):  # each bucket is one range of records, in key order
         for i, bucket in enumerate(table["bucket"].tolist()):
-            ranged = spill.bucket_range(table, i, i)
+            ranged = _range_of(spill, table, i, i)
             with open(spill.path, "rb") as f:
                 keys, _ = ranged.read_index(f, ranged.read_buckets(f))
             assert {_bucket(k.tobytes(), 6) for k in keys} == {bucket}
-    whole = [s.bucket_range(t, 0, len(t) - 1) for s, t in zip(spills, tables)]
+    whole = [_range_of(s, t, 0, len(t) - 1) for s, t in zip(spills, tables)]
     for memory in (1, 500, 10_000, 1 << 30):
         blocks = list(merge_spill_ranges(whole, memory))
         assert b"".join(b for b, _ in blocks) == expected
@@ -234,7 +243,7 @@ def test_spill_files_merge_into_key_order_within_the_memory_bound(tmp_path, widt
         if memory == 10_000:  # blocks of about the bound, not the whole shard at once
             assert len(blocks) > 5 and max(len(b) for b, _ in blocks) < 10_000 + 400
     # A shard's share: some buckets' ranges of every spill file.
-    part = [s.bucket_range(t, 1, 3) for s, t in zip(spills, tables)]
+    part = [_range_of(s, t, 1, 3) for s, t in zip(spills, tables)]
     chosen = set()
     for r in part:
         with open(r.path, "rb") as f:
@@ -277,8 +286,8 @@ def test_damaged_spill_file_fails_the_merge(tmp_path):
     path = Path(spill.path)
     good = path.read_bytes()
     table = spill.read_table()
-    whole = spill.bucket_range(table, 0, len(table) - 1)
-    last = spill.bucket_range(table, len(table) - 1, len(table) - 1)
+    whole = _range_of(spill, table, 0, len(table) - 1)
+    last = _range_of(spill, table, len(table) - 1, len(table) - 1)
     footer, rows = spill.index_offset, spill.table_offset
     # A length, its CRC, data, the last CRC of the records; a key and a length in the
     # footer; the bucket table's first and last row.
@@ -315,3 +324,40 @@ def test_write_spill_refuses_records_out_of_key_order(tmp_path):
     with pytest.raises(ValueError, match="not in key order"):
         write_spill(str(tmp_path / "spill"), batches.buckets_of(keys[backwards], 6),
                     keys[backwards], bytes(50), [1] * 50)
+
+
+def test_shard_index_gives_each_shard_its_run_of_buckets(tmp_path):
+    (spill,), pairs = _spill_files(tmp_path, 1, seed=5)
+    table = spill.read_table()
+    m = len(table)
+    # Shards 1 and 4 of 6 take nothing of this file; shard 5 takes its last bucket.
+    shards = np.repeat([0, 2, 3, 5], [2, 3, m - 6, 1])
+    write_shard_index(spill, shard_index(spill, table, shards, 6))
+    ranges = [spill.shard_range(s) for s in range(6)]
+    assert ranges[1] is None and ranges[4] is None
+    taken = [r for r in ranges if r is not None]
+    assert [(r.lo, r.hi) for r in taken] == [(0, 2), (2, 5), (5, m - 1), (m - 1, m)]
+    assert taken[0].start == taken[0].first == 0 and taken[-1].stop == spill.num_records
+    assert all(a.stop == b.first for a, b in zip(taken, taken[1:]))
+    blocks = [b"".join(b.tobytes() for b, _ in merge_spill_ranges([r], 1 << 20))
+              for r in taken]
+    assert b"".join(blocks) == b"".join(record for _, record in sorted(pairs))
+    with pytest.raises(ValueError, match="shards out of bucket order"):
+        shard_index(spill, table, shards[::-1], 6)
+
+
+def test_damaged_shard_index_fails_the_shard_that_reads_it(tmp_path):
+    (spill,), _ = _spill_files(tmp_path, 1, seed=6)
+    table = spill.read_table()
+    write_shard_index(spill, shard_index(spill, table, np.zeros(len(table), np.int64), 2))
+    path = Path(spill.shard_index_path)
+    good = path.read_bytes()
+    data = bytearray(good)
+    data[SHARD_ROW.itemsize + 2] ^= 1  # shard 1's row
+    path.write_bytes(bytes(data))
+    assert spill.shard_range(0) is not None
+    with pytest.raises(IOError, match=r"spill-0: shard index checksum mismatch for shard 1"):
+        spill.shard_range(1)
+    path.write_bytes(good[:-1])
+    with pytest.raises(IOError, match=r"spill-0: its shard index ends before shard 1"):
+        spill.shard_range(1)
