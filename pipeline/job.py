@@ -13,22 +13,24 @@ import contextlib
 import dataclasses
 import gc
 import logging
+import os
 import uuid
 from typing import Optional, Sequence
 
 import apache_beam as beam
 from apache_beam.metrics.metric import MetricsFilter
+from apache_beam.options.pipeline_options import DirectOptions
 
 import mnist_contract as contract
 
 from pipeline import _compat, progress, stop, storage
-from pipeline.errors import Interrupted, StorageError, as_pipeline_error
+from pipeline.errors import Interrupted, PipelineInputError, StorageError, as_pipeline_error
 from pipeline.options import LOCAL_RUNNERS, Options
 from pipeline.publish.output import (OutputLayout, finalize, interrupted_state,
                                      prepared_output, remove_temp, state_before_writing)
 from pipeline.shard import sharding, transforms
 from pipeline.shard.config import SHARDS
-from pipeline.source.sources import announce
+from pipeline.source.sources import BATCH, announce
 
 
 def _runner(name: str):
@@ -125,6 +127,27 @@ def _check_input(options: Options) -> None:
     sharding.check_sharding(
         options, {split: options.data_source.estimated_examples(split)
                   for split in options.splits})
+    if options.shuffle_mode == "files":
+        _check_open_files(options)
+
+
+def _check_open_files(options: Options) -> None:
+    """Raises the open-file limit as far as the file shuffle's merges need, or
+    refuses the run if the hard limit is too low."""
+    source = options.data_source
+    files = {split: max(len(source.read_tasks(split)),
+                        -(-source.estimated_examples(split) // BATCH))
+             for split in options.splits}
+    workers = options.beam.view_as(DirectOptions).direct_num_workers or os.cpu_count() or 1
+    needed = sharding.open_files_needed(files, workers)
+    limit = storage.raise_open_file_limit(needed)
+    if limit < needed:
+        split = max(files, key=files.get)
+        raise PipelineInputError(
+            f"{split}: a shard's merge holds its ~{files[split]:,} spill files open "
+            f"({needed:,} open files in all with {workers} worker(s)), over the {limit:,} "
+            "this process may open (ulimit -n, raised up to ulimit -Hn); raise the hard "
+            "limit, or use a distributed runner (--shuffle=beam)")
 
 
 def _write(options: Options, layout: OutputLayout) -> contract.Manifest:

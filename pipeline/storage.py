@@ -63,6 +63,25 @@ def use_anonymous_gcs_for_emulator() -> None:
         _compat.skip_beam_credential_lookup()
 
 
+def raise_open_file_limit(wanted: int) -> int:
+    """Raises this process's soft limit on open files to ``wanted``, as far as
+    the hard limit allows; returns the soft limit now in force.
+
+    Many systems start processes at a soft limit of 1,024 under a far higher
+    hard limit; child processes inherit the raised limit.
+    """
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= wanted:
+        return wanted if soft == resource.RLIM_INFINITY else soft
+    raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+    except (ValueError, OSError):
+        return soft
+    return raised
+
+
 def is_remote(path: str) -> bool:
     return "://" in path
 

@@ -39,6 +39,8 @@ class ShardConfig:
     key_bytes: int = KEY_BYTES
     length_bytes: int = 4  # a spill file's footer: each record's length, u32
     merge_memory_bytes: int = 8 << 20  # bytes a shard merge reads at a time
+    # open files a local job needs besides the spill files its merges hold open
+    open_file_headroom: int = 256
 
     def shard_count(self, total_bytes: float, target_shard_bytes: float,
                     min_shards: int) -> int:

@@ -53,6 +53,12 @@ def check_sharding(options, examples_per_split: dict[str, int]) -> dict[str, int
             for split, count in examples_per_split.items()}
 
 
+def open_files_needed(split_spill_files: Mapping[str, int], workers: int) -> int:
+    """Open files a local file-shuffle job needs: a shard's merge holds every
+    spill file of its split open, and ``workers`` merges run at once."""
+    return workers * max(split_spill_files.values(), default=0) + SHARDS.open_file_headroom
+
+
 def _estimated_shards(options, split: str, count: int, record: int) -> int:
     """One split's shard count for ``count`` records of ``record`` bytes, if acceptable."""
     if options.min_shards > count:
