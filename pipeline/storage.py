@@ -201,19 +201,24 @@ class _UncachedFile:
         self._buffered = open_write(self._path)
         self._buffered.write(self._view[:self._fill])
 
+    def _flush_last(self) -> None:
+        """Writes the last block, zero-padded to the alignment, then cuts the
+        file to its length (unless that write fell back to a buffered file)."""
+        size = self._written + self._fill
+        padded = -(-self._fill // _DIRECT_ALIGN) * _DIRECT_ALIGN
+        self._view[self._fill:padded] = bytes(padded - self._fill)
+        self._flush(padded)
+        if self._fd is not None:
+            os.ftruncate(self._fd, size)
+
     def close(self) -> None:
         if self._fd is None and self._buffered is None:
             return
         try:
             if self._buffered is None:
-                size = self._written + self._fill
-                padded = -(-self._fill // _DIRECT_ALIGN) * _DIRECT_ALIGN
-                self._view[self._fill:padded] = bytes(padded - self._fill)
-                self._flush(padded)
+                self._flush_last()
             if self._buffered is not None:
                 self._buffered.close()
-            else:
-                os.ftruncate(self._fd, size)
         finally:
             if self._fd is not None:
                 os.close(self._fd)
