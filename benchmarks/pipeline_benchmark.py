@@ -162,7 +162,11 @@ def gunzip_streamed(data: bytes) -> int:
 def write_direct(blocks: list[bytes], path: Path, buffer: mmap.mmap) -> bool:
     """Writes ``blocks`` back to back into ``path`` past the page cache
     (``O_DIRECT``), through ``buffer`` (`FLOOR_BLOCK` bytes, page-aligned);
-    False where the file system does not take it."""
+    False where the file system does not take it.
+
+    Written apart from the job's own writer (`pipeline.storage.open_uncached`)
+    on purpose: the floor must not move when the job's code does.
+    """
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_DIRECT", 0)
                      | os.O_CLOEXEC, 0o644)

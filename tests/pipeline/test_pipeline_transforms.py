@@ -164,6 +164,26 @@ def test_spill_runs_cover_each_record_once_in_key_order(tmp_path):
         assert_that(out, check)
 
 
+def test_index_spills_by_shard_gives_every_record_to_one_shard(tmp_path):
+    settings = _settings(tmp_path, SyntheticSource(25_000), target_bytes=2_000_000)
+
+    def check(indexed):
+        assert len(indexed) == 4  # every run passes through, once indexed
+        for split, spill in indexed:
+            shards = len(Path(spill.shard_index_path).read_bytes()) // SHARD_ROW.itemsize
+            ranges = [r for r in map(spill.shard_range, range(shards)) if r is not None]
+            assert shards == {"train": 11, "test": 2}[split] and len(ranges) == shards
+            # Consecutive shards take consecutive records, all of them once.
+            assert ranges[0].first == 0 and ranges[-1].stop == spill.num_records
+            assert all(a.stop == b.first and a.hi == b.lo for a, b in zip(ranges, ranges[1:]))
+
+    with _pipeline() as p:
+        spills = p | transforms.ReadTasks(settings) | transforms.SpillSortedRuns(settings)
+        plans = (spills | beam.Map(transforms.spill_sizes)
+                 | transforms.PlanShards(settings))
+        assert_that(spills | transforms.IndexSpillsByShard(plans), check)
+
+
 @pytest.mark.parametrize("mode", [transforms.ConvertWithRunnerShuffle,
                                   transforms.ConvertWithFileShuffle])
 def test_each_convert_transform_writes_the_planned_shards(tmp_path, mode):
