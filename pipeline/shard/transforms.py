@@ -389,8 +389,13 @@ class IndexSpillsByShard(beam.PTransform):
         return spills | "WriteIndex" >> beam.ParDo(_IndexSpillFn(), plans)
 
 
-def shard_tasks(plans: dict[str, sharding.ShardPlan]) -> Iterator[ShardTask]:
-    """Every shard of every split."""
+def shard_tasks(_, plans: dict[str, sharding.ShardPlan]) -> Iterator[ShardTask]:
+    """Every shard of every split.
+
+    The Plans come as a side input, not as the main input: on Beam 2.77.0's
+    DaskRunner a PCollection read both ways reached its singleton side
+    inputs twice (tests/pipeline/test_pipeline_dask.py).
+    """
     for split, plan in sorted(plans.items()):
         for shard in range(plan.num_shards):
             yield split, shard
@@ -423,8 +428,9 @@ class MergeSpillsIntoShards(beam.PTransform):
 
     def expand(self, spills):
         plans = beam.pvalue.AsSingleton(self._plans)
-        return (self._plans
-                | "ListShards" >> beam.FlatMap(shard_tasks)
+        return (spills.pipeline
+                | "Start" >> beam.Create([None])
+                | "ListShards" >> beam.FlatMap(shard_tasks, plans)
                 | "Spread" >> beam.Reshuffle()
                 | "Merge" >> beam.ParDo(_MergeShardFn(self._settings), plans,
                                         beam.pvalue.AsList(spills)))

@@ -3,7 +3,8 @@
 A Dask scheduler and two worker processes are started on 127.0.0.1 with
 Dask's own command-line entry points, as on a cluster of one's own. The job
 runs there with the runner's shuffle (``--shuffle=beam``, what Dataflow
-runs), and its output must equal DirectRunner's byte for byte.
+runs) and with the file shuffle (the workers share this machine's disk), and
+its output must equal DirectRunner's byte for byte.
 """
 
 import os
@@ -63,12 +64,13 @@ def dask_cluster(tmp_path):
 
 
 @pytest.mark.slow
-def test_dask_runner_writes_what_direct_runner_writes(tmp_path, idx_dir, dask_cluster):
+@pytest.mark.parametrize("shuffle", ["beam", "files"])  # files: the workers share a disk
+def test_dask_runner_writes_what_direct_runner_writes(tmp_path, idx_dir, dask_cluster, shuffle):
     flags = [f"--source={idx_dir}", "--min_shards=3", "--allow_extreme_sharding"]
     direct = run_job([*flags, f"--output={tmp_path / 'direct'}", "--runner=DirectRunner"])
     dask = run_job([*flags, f"--output={tmp_path / 'dask'}", "--runner=DaskRunner",
                     f"--dask_client_address={dask_cluster.removeprefix('tcp://')}",
-                    "--shuffle=beam"])
+                    f"--shuffle={shuffle}"])
     assert dask == direct
     got, expected = snapshot(tmp_path / "dask"), snapshot(tmp_path / "direct")
     assert sorted(got) == sorted(expected) and len(got) == 9  # 6 shards + 3 metadata
