@@ -209,9 +209,16 @@ class _SpillFn(_SourceFn):
 
 def spill_sizes(spill: SpillRun) -> BucketSizes:
     """The records and shard bytes a spill file adds to each bucket, from its table."""
-    storage.configure_gcs()
     split, spill_file = spill
     return split, spill_file.bucket_sizes(spill_file.read_table())
+
+
+class _SpillSizesFn(beam.DoFn):
+    def setup(self):
+        storage.configure_gcs()
+
+    def process(self, element: SpillRun) -> Iterator[BucketSizes]:
+        yield spill_sizes(element)
 
 
 class SpillSortedRuns(beam.PTransform):
@@ -488,7 +495,7 @@ class ConvertWithFileShuffle(beam.PTransform):
     def expand(self, pbegin):
         s = self._settings
         spilled = pbegin | "ReadTasks" >> ReadTasks(s) | "SpillSortedRuns" >> SpillSortedRuns(s)
-        plans = (spilled | "SpillSizes" >> beam.Map(spill_sizes)
+        plans = (spilled | "SpillSizes" >> beam.ParDo(_SpillSizesFn())
                  | "PlanShards" >> PlanShards(s))
         indexed = spilled | "IndexSpillsByShard" >> IndexSpillsByShard(plans)
         written = indexed | "WriteShards" >> MergeSpillsIntoShards(s, plans)
