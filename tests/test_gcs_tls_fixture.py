@@ -186,6 +186,8 @@ def test_run_stops_a_command_when_the_server_logs_a_handler_exception(tmp_path):
         started = time.monotonic()
         with pytest.raises(AssertionError, match="server error:\n.*running the handler"):
             server.run([sys.executable, "-c", crash], timeout=100)
+        # A hang bound, not a speed bar: under a second on a quiet machine;
+        # left running, the command would reach its own timeout (100 s).
         assert time.monotonic() - started < 60
     finally:
         server.stop()

@@ -24,10 +24,11 @@ import numpy as np
 import pytest
 
 from tests.helpers import EMULATOR_BUCKET, REPO
-from tests.scripts.spot_helpers import (TOTAL_STEPS, TRAINER_ARGS, Chaos, World,
+from tests.scripts.spot_helpers import (RUN_SECONDS, TOTAL_STEPS, TRAINER_ARGS, Chaos, World,
                                         random_schedule)
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+# A hang bound, not a speed bar: the test took 119 s with the machine's load at 2-4.5.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
 def uninterrupted(world: World, label: str) -> threading.Thread:
@@ -42,7 +43,7 @@ def uninterrupted(world: World, label: str) -> threading.Thread:
 
     def run():
         result["proc"] = subprocess.run(args, env=world.server.env(), cwd=REPO,
-                                        capture_output=True, text=True, timeout=400)
+                                        capture_output=True, text=True, timeout=RUN_SECONDS)
     thread = threading.Thread(target=run, daemon=True)
     thread.result = result
     thread.start()
@@ -89,7 +90,7 @@ def test_chaos_run_recovers_three_times_and_ends_like_an_uninterrupted_one(world
     world.cloud.arm(stockouts=2, ssh_failures=1)  # no capacity twice, a host unreachable once
     proc = world.launch(world.argv("chaos", "--max_recoveries=3"))
     chaos.join(timeout=10)
-    baseline.join(timeout=400)
+    baseline.join(timeout=RUN_SECONDS)
     print(proc.stdout)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-5000:]
     assert not chaos.error and len(chaos.done) == 3, chaos.error

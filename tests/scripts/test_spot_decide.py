@@ -215,7 +215,12 @@ def test_the_train_script_records_143_when_every_process_gets_sigterm(tmp_path):
     env = host_env(tmp_path)
     session = subprocess.Popen(["bash", "-c", tc.train_script(cfg, ["old-host"]) + "; sleep 600"],
                                env=env, start_new_session=True, stdout=subprocess.DEVNULL)
-    time.sleep(1.0)
+    # The stand-in trainer records its arguments first: by then the subshell
+    # has set its trap. A hang bound, not a speed bar (quiet: well under 1 s).
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "trainer.args").exists():
+        assert session.poll() is None and time.monotonic() < deadline, session.returncode
+        time.sleep(0.02)
     os.killpg(session.pid, signal.SIGTERM)
     assert wait_remote_exit(env) == ("exited", 143)
     session.wait(timeout=30)

@@ -31,6 +31,15 @@ from tests.scripts.launch_helpers import PYPROJECT, fake_program
 
 tc = tpu_vm_stack.tc
 
+# Hang bounds, not speed bars, each over 10x the times recorded in
+# docs/benchmarks.md (The test suite). The first test to use `stack` builds
+# it: the host's install took 71-106 s, downloads aside, and each of its two
+# steps has an hour (the bound in `tests.scripts.tpu_vm_stack`). The trainer
+# tests on the host's TensorFlow took 201-438 s.
+BUILD_BOUND_S = 7200
+STACK_TESTS_BOUND_S = 4500
+pytestmark = pytest.mark.timeout(BUILD_BOUND_S)
+
 # TensorFlow's last words when libtpu 0.0.32 is loaded by tensorflow-tpu 2.20.0.
 ABORT = ("2026-12-01 09:19:22.682455: F external/local_xla/xla/stream_executor/"
          "tpu/tpu_executor_init_fns.inc:128] TpuExecutable_FreeMaybeOwningDevice"
@@ -193,10 +202,11 @@ def test_jit_compile_off_a_tpu_is_one_error_line(stack, dataset, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(BUILD_BOUND_S + STACK_TESTS_BOUND_S)
 def test_trainer_tests_pass_on_the_tpu_build(stack, tmp_path):
     args = ["-m", "pytest", "-p", "no:cacheprovider", "-q", "-m", "not tf221",
             f"--basetemp={tmp_path}/t", *STACK_TESTS]
-    proc = run_on_host(stack, args, REPO, timeout=900, TPU_LOAD_LIBRARY="0",
+    proc = run_on_host(stack, args, REPO, timeout=STACK_TESTS_BOUND_S, TPU_LOAD_LIBRARY="0",
                        TF_CPP_MIN_LOG_LEVEL="2")
     summary = proc.stdout.strip().splitlines()[-1] if proc.stdout.strip() else ""
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]

@@ -25,7 +25,11 @@ import pytest
 
 from tests.helpers import run_results_script
 
-pytestmark = pytest.mark.slow
+# Hang bounds, not speed bars: the module's trainings (the `results` fixture,
+# charged to the first test) took 77-248 s in the suite runs recorded in
+# docs/benchmarks.md (The test suite); the bounds are over 10x that.
+TRAININGS_BOUND_S = 2700
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(TRAININGS_BOUND_S + 300)]
 
 SCRIPT = textwrap.dedent(r'''
     import json, sys
@@ -155,7 +159,7 @@ SCRIPT = textwrap.dedent(r'''
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("distributed")
-    out, stdout = run_results_script(SCRIPT, tmp, timeout=600)
+    out, stdout = run_results_script(SCRIPT, tmp, timeout=TRAININGS_BOUND_S)
     out["stdout"] = stdout
     return out
 

@@ -216,7 +216,10 @@ def test_gs_lock_failures_are_one_line_in_bounded_time(gcs_emulator, monkeypatch
     assert message.startswith(f"{model_dir}/{storage_lock.LOCK_FILE}: cannot take the lock of "
                               f"--model_dir ({reason.format(missing=missing)}"), message
     assert "\n" not in message
-    assert took < 15, took
+    # A hang bound, not a speed bar: the slowest case (the silent server) ends
+    # in 3 s on a quiet machine; a request or retry without its bound would
+    # wait for ever.
+    assert took < 60, took
 
 
 @pytest.mark.slow

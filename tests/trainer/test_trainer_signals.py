@@ -155,37 +155,56 @@ def test_main_returns_to_a_caller_and_before_training(tmp_path, error, argv, sta
 
 
 class _Lines:
-    """A process's stdout and stderr lines as they come, from two threads."""
+    """A process's stdout and stderr lines as they come, from two threads.
+
+    A stream has no more lines once its reader has read it to the end, which
+    may come a while after the process ended: the readers are waited for,
+    never a fixed time. Lines of the two streams interleave as the readers
+    got them; ``stderr`` holds that stream's own, in its order."""
 
     def __init__(self, proc: subprocess.Popen):
-        self.proc, self.seen, self.queue = proc, [], queue.Queue()
-        for stream in (proc.stdout, proc.stderr):
-            threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+        self.proc, self.seen, self.stderr, self.queue = proc, [], [], queue.Queue()
+        self.readers = [threading.Thread(target=self._read, args=(stream, name), daemon=True)
+                        for stream, name in ((proc.stdout, "stdout"), (proc.stderr, "stderr"))]
+        for reader in self.readers:
+            reader.start()
 
-    def _read(self, stream) -> None:
+    def _read(self, stream, name: str) -> None:
         for line in stream:
-            self.queue.put(line)
+            self.queue.put((name, line))
+
+    def _take(self, item: tuple[str, str]) -> str:
+        name, line = item
+        self.seen.append(line)
+        if name == "stderr":
+            self.stderr.append(line)
+        return line
+
+    def _ended(self) -> bool:
+        """Both streams read to their end: what is queued is all there is."""
+        return not any(reader.is_alive() for reader in self.readers)
 
     def wait_for(self, text: str, timeout: float = 240) -> bool:
-        """True once a line containing ``text`` came; False if the process ended first."""
+        """True once a line containing ``text`` came; False if the streams
+        ended first."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             try:
-                line = self.queue.get(timeout=0.01)
+                item = self.queue.get(timeout=0.01)
             except queue.Empty:
-                if self.proc.poll() is not None and self.queue.empty():
+                if self._ended() and self.queue.empty():
                     return False
                 continue
-            self.seen.append(line)
-            if text in line:
+            if text in self._take(item):
                 return True
         raise AssertionError(f"no {text!r} in {timeout}s: {''.join(self.seen)[-3000:]}")
 
     def rest(self) -> list[str]:
         self.proc.wait(timeout=120)
-        time.sleep(0.2)  # the readers' last lines
+        for reader in self.readers:
+            reader.join(timeout=120)  # a hang bound: the streams end with the process
         while not self.queue.empty():
-            self.seen.append(self.queue.get())
+            self._take(self.queue.get())
         return self.seen
 
 
@@ -213,7 +232,7 @@ def test_a_second_signal_while_tensorflow_traces_is_one_line(tmp_path, signum):
     assert proc.returncode == 128 + signum, text[-3000:]
     assert "Traceback" not in text and "Error" not in text, text[-3000:]
     assert not os.path.exists(f"{model_dir}/{storage_lock.LOCK_FILE}")  # released
-    assert seen[-1].startswith(f"{NAMES[signum]} received"), seen[-1]
+    assert lines.stderr[-1].startswith(f"{NAMES[signum]} received"), lines.stderr[-1]
 
 
 @pytest.mark.slow
