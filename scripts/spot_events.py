@@ -28,7 +28,9 @@ class Sink(Protocol):
 
 
 class Events:
-    """Prints each event and appends it to ``journal`` (if any) as JSON."""
+    """Prints each event and appends it to ``journal`` (if any) as JSON. A
+    journal that can no longer be written (a full disk) is a warning, once:
+    the run goes on, and a restarted launcher would miss what came after."""
 
     def __init__(self, journal: Sink | None, clock: Callable[[], float] = time.time,
                  out: TextIO | None = None):
@@ -40,9 +42,15 @@ class Events:
         now = self.clock()
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
         print(f"{stamp} {event}: {message}", file=self.out or sys.stdout, flush=True)
-        if self.journal is not None:
+        if self.journal is None:
+            return
+        try:
             self.journal.append({"time": stamp, "unix": round(now, 3), "event": event,
                                  "message": message, **fields})
+        except OSError as exc:
+            print(f"warning: the journal was not written from here on ({exc})",
+                  file=sys.stderr, flush=True)
+            self.journal = None
 
 
 @dataclasses.dataclass
@@ -59,7 +67,9 @@ class Standing:
     the new trainer's resume step not seen yet). trained_here: a trainer
     was started on the VM that exists; announced: the recoveries whose new
     trainer has started. run: the ``started`` event's identity of the run
-    (`spot_journal.identity`), and its journal line.
+    (`spot_journal.identity`), and its journal line; vm_named: the first VM
+    name an event of the run names, and its line. events: the run's events
+    so far (0: a run not begun).
     """
     recoveries: int = 0
     lost_noted: bool = False
@@ -77,6 +87,8 @@ class Standing:
     announced: int = 0
     run: dict | None = None
     run_line: int = 0
+    vm_named: tuple[str, int] | None = None
+    events: int = 0
 
     def apply(self, record: dict) -> None:
         """Replays one journal event (`spot_journal` checked its fields)."""
@@ -138,8 +150,11 @@ def replay(records: Iterable[tuple[int, dict]]) -> Standing:
     for line, record in records:
         if record["event"] in ENDING_EVENTS:
             progress = Standing()
-        elif record["event"] == "started" and progress.run is None:
+            continue
+        progress.events += 1
+        if record["event"] == "started" and progress.run is None:
             progress.run, progress.run_line = record.get("run"), line
-        else:
-            progress.apply(record)
+        if "vm" in record and progress.vm_named is None:
+            progress.vm_named = record["vm"], line
+        progress.apply(record)
     return progress

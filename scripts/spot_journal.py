@@ -76,6 +76,8 @@ def record_problem(record) -> str | None:
         return f'"hosts" is {json.dumps(hosts)}, not a list of host names'
     if not isinstance(record.get("run", {}), dict):
         return f'"run" is {json.dumps(record["run"])}, not a JSON object'
+    if not isinstance(record.get("vm", ""), str):
+        return f'"vm" is {json.dumps(record["vm"])}, not a VM name'
     if record["event"] in ("preempted", "resumed"):
         return _redo_problem(record.get("redo"))
     return None
@@ -179,11 +181,14 @@ def _torn(raw: bytes) -> bool:
 
 
 def _check_same_run(path: Path, standing: Standing, run: dict) -> None:
-    if standing.run is None:
-        return
-    differ = [f"{key} {standing.run.get(key)!r}, not {value!r}"
-              for key, value in run.items() if standing.run.get(key) != value]
+    """`JournalError` when the journal's unfinished run is another one: its
+    ``started`` event names another run, or an event another VM."""
+    known, line = dict(standing.run or {}), standing.run_line
+    if standing.run is None and standing.vm_named is not None:
+        (known["name"], line) = standing.vm_named
+    differ = [f"{key} {known[key]!r}, not {value!r}"
+              for key, value in run.items() if key in known and known[key] != value]
     if differ:
-        raise JournalError(f"{path}: line {standing.run_line}: the journal of another "
+        raise JournalError(f"{path}: line {line}: the journal of another "
                            f"run, not yet ended ({'; '.join(differ)}); pass another "
                            "--events file, or end that run with its own command")

@@ -161,7 +161,7 @@ class RunEnds:
             message += f"; {self.cfg.name} kept (--keep)"
         self.events.emit(event, f"{self.cfg.name}: {message}", exit=code)
         self._summary(code)
-        if code:
+        if decision.code:  # else the delete failed, which said so
             print(f"error: {self.cfg.name}: {message}", file=sys.stderr)
         return code
 
@@ -297,7 +297,7 @@ class SpotRun(RunEnds):
         takes its run up (its identity is checked against the journal's)."""
         cfg, s = self.cfg, self.s
         taken_up = (f"; taking up the run in {cfg.events}: {s.recoveries} "
-                    f"recoveries so far" if s.run is not None else "")
+                    f"recoveries so far" if s.events else "")
         self.events.emit("started", f"{cfg.name}: {cfg.accelerator_type} in {cfg.zone}, "
                          f"model_dir {cfg.model_dir}{taken_up}", run=identity(cfg))
 

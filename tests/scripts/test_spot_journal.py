@@ -65,6 +65,9 @@ def line(record: dict) -> bytes:
     (line({"event": "created"}) + line({"event": "started", "run": {**RUN, "zone": "eu"}}),
      "line 2: the journal of another run, not yet ended (zone 'eu', not "
      "'us-central2-b'); pass another --events file, or end that run with its own command"),
+    (line({"event": "created", "vm": "other-vm"}) + line({"event": "preempted", "recovery": 3}),
+     "line 1: the journal of another run, not yet ended (name 'other-vm', not "
+     "'mnist-tpu'); pass another --events file, or end that run with its own command"),
 ])
 def test_a_damaged_or_foreign_journal_is_refused_before_any_gcloud_call(
         launch, tmp_path, content, problem):

@@ -12,10 +12,13 @@ import signal
 
 import pytest
 
+from tests.scripts.launch_helpers import tpu_plan
 from tests.scripts.spot_scripted import ScriptedCloud, kinds, loop, progress
 
-import spot_decide as sd  # noqa: E402  (scripts/ is on the path: launch_helpers)
-import launch_common as lc  # noqa: E402
+import launch_common as lc  # noqa: E402  (scripts/ is on the path: launch_helpers)
+import spot_decide as sd  # noqa: E402
+import spot_events  # noqa: E402
+import spot_runner  # noqa: E402
 
 STOCKOUT = (1, "", "ERROR: RESOURCE_EXHAUSTED: There is no more capacity in the zone")
 # The trainer's checkpoints: every 6 steps, 22-step epochs (66 steps in 3).
@@ -194,3 +197,20 @@ def test_a_trainer_log_that_cannot_be_copied_is_a_warning(tmp_path, capsys):
     assert code == 3 and cloud.calls[-3:] == ["describe", "delete", "describe"]
     assert "warning: the trainer's log was not copied" in capsys.readouterr().err
     assert kinds(out)[-2:] == ["failed", "summary"]
+
+
+def test_a_journal_that_can_no_longer_be_written_is_a_warning(tmp_path, capsys):
+    """The disk fills mid-run: the run goes on and ends as it would."""
+    class FullDisk:
+        def append(self, record):
+            raise OSError(28, "No space left on device")
+    out = io.StringIO()
+    cloud = ScriptedCloud(["READY", "READY", "GONE"], [progress("exited", 0, 66)])
+    cfg, _ = tpu_plan("run", "--poll_seconds=1")
+    run = spot_runner.SpotRun(cfg, cloud, spot_events.Events(FullDisk(), out=out),
+                              spot_events.Standing(), sleep=lambda s: None)
+    assert run.run() == 0
+    assert kinds(out.getvalue())[-2:] == ["finished", "summary"]
+    assert capsys.readouterr().err == (
+        "warning: the journal was not written from here on "
+        "([Errno 28] No space left on device)\n")
