@@ -21,7 +21,6 @@ from tests.scripts.spot_scripted import ScriptedCloud, loop, progress
 
 import spot_cloud  # noqa: E402  (scripts/ is on the path: launch_helpers)
 import spot_decide as sd  # noqa: E402
-import spot_events  # noqa: E402
 import spot_journal  # noqa: E402
 import tpu_vm_commands as tc  # noqa: E402
 
