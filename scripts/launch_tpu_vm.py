@@ -405,14 +405,15 @@ def _resolve_train_folders(cfg: TpuConfig, args: argparse.Namespace) -> None:
 RUN_PLAN_NOTE = """\
 # the describe (and, while the VM is READY, the status) commands repeat every
 # {cfg.poll_seconds:g} s; what run does on each state:
-#   no VM: create it (a stockout: again, with backoff)
-#   READY, no trainer: setup, then train (the wheel is built once)
+#   no VM: create it (the wheel built first, once; refused: again, with backoff)
+#   READY, no trainer: setup, then train
 #   READY, trainer running: wait
 #   READY, trainer exited 0: delete (not with --keep), exit 0
 #   READY, trainer exited 1, 2, ...: copy its log to {cfg.logs_dir}, delete, exit with it
 #   PREEMPTED, TERMINATED, gone, or trainer exited 143: delete, wait until
 #     gone, create again and resume (at most --max_recoveries={cfg.max_recoveries}; then exit 75)
-#   calls failing: retried with backoff for --retry_seconds={cfg.retry_seconds:g}, then exit 255"""
+#   calls failing or creates refused: retried with backoff for
+#     --retry_seconds={cfg.retry_seconds:g}, then exit 255"""
 
 Runner = Callable[[lc.Command], tuple[int, str]]
 
@@ -494,12 +495,14 @@ def _run_phase(name: str, commands: Sequence[lc.Command], cfg: TpuConfig,
 
 
 def run_spot(cfg: TpuConfig, pyproject: Mapping) -> int:
-    """``run``: the manifest compared with the slice once, then the spot
-    loop (scripts/spot_runner.py) until the run ends."""
-    warning = train_shards_warning(cfg, *lc.run_command_output(manifest_command(cfg)))
-    if warning:
-        print(f"warning: {warning}", file=sys.stderr)
-    return spot_runner.run_spot(cfg, Cloud(cfg, pyproject))
+    """``run``: the journal checked (scripts/spot_journal.py), the manifest
+    compared with the slice once, then the spot loop (scripts/spot_runner.py)
+    until the run ends."""
+    def compare_manifest() -> None:
+        warning = train_shards_warning(cfg, *lc.run_command_output(manifest_command(cfg)))
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
+    return spot_runner.run_spot(cfg, Cloud(cfg, pyproject), compare_manifest)
 
 
 def execute(step: str, cfg: TpuConfig, pyproject: Mapping) -> int:

@@ -63,13 +63,16 @@ class Tally:
     now gone was lost, not never made. setup_rc: the exit status of the last
     setup or trainer start on this VM (None: none failed). failing_seconds:
     how long calls to the cloud have been failing in a row (0: the last one
-    answered). elapsed: seconds since the run started.
+    answered); refused_seconds: how long every create has been refused (a
+    describe that answers NOT_FOUND in between does not end that). elapsed:
+    seconds since the run started.
     """
     recoveries: int = 0
     max_recoveries: int = 5
     had_vm: bool = False
     setup_rc: int | None = None
     failing_seconds: float = 0.0
+    refused_seconds: float = 0.0
     retry_seconds: float = 900.0
     elapsed: float = 0.0
     wait_timeout: float = 86400.0
@@ -93,7 +96,7 @@ def decide(vm: str, trainer: Trainer, tally: Tally) -> Decision:
     if vm in LOST_STATES or (vm == GONE and tally.had_vm) or (
             vm == READY and trainer.lost()):
         if tally.recoveries >= tally.max_recoveries:
-            return Decision(GIVE_UP, EXIT_GAVE_UP,
+            return Decision(GIVE_UP, EXIT_GAVE_UP, f"{_loss(vm, trainer)}; "
                             f"--max_recoveries={tally.max_recoveries} reached")
         return Decision(RECOVER, why=_loss(vm, trainer))
     if tally.elapsed > tally.wait_timeout:
@@ -102,6 +105,10 @@ def decide(vm: str, trainer: Trainer, tally: Tally) -> Decision:
     if tally.failing_seconds > tally.retry_seconds:
         return Decision(LOST, EXIT_LOST, f"calls to the cloud failed for "
                         f"{tally.failing_seconds:.0f} s (--retry_seconds)")
+    if tally.refused_seconds > tally.retry_seconds:
+        return Decision(LOST, EXIT_LOST, f"every create was refused for "
+                        f"{tally.refused_seconds:.0f} s (--retry_seconds); "
+                        "try another zone, or --queued")
     if vm == GONE:
         return Decision(CREATE)
     if vm == FAILED:
@@ -152,3 +159,49 @@ def backoff(failures: int, poll_seconds: float) -> float:
     if failures <= 0:
         return poll_seconds
     return min(poll_seconds, 2.0 ** (failures - 1))
+
+
+def checkpoint_gap(total: int | None, epochs: int, every: int, per_call: int,
+                   keras: bool) -> int | None:
+    """The most steps the trainer trains between two checkpoints (None:
+    not known): ``every`` (``--checkpoint_every``; the Keras loop saves at
+    the end of the ``per_call``-step call that crosses each multiple), and
+    at most an epoch (``total`` steps over ``epochs``)."""
+    per_epoch = total // epochs if total and epochs and total % epochs == 0 else None
+    within = every + (per_call - 1 if keras else 0) if every else None
+    known = [gap for gap in (within, per_epoch) if gap]
+    return min(known) if known else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Redo:
+    """The steps trained again after a preemption: at least ``least``, at
+    most ``most`` (None: no bound known)."""
+    least: int = 0
+    most: int | None = None
+
+    def text(self) -> str:
+        if self.most == self.least:
+            return str(self.least)
+        if self.most is None:
+            return f"at least {self.least}" if self.least else "unknown"
+        return f"at most {self.most}" if not self.least else f"{self.least} to {self.most}"
+
+
+def redo_after(seen: int | None, resumed: int | None, stopped_cleanly: bool,
+               gap: int | None) -> Redo:
+    """What is known of the steps trained again once the lost trainer's
+    last seen step (``seen``) and its successor's resume step are known.
+
+    The steps past ``resumed`` that were seen are trained again for sure.
+    A trainer that stopped on SIGTERM saved at its last step, which the
+    launcher saw: that is all. One killed without that window trained on
+    unseen after the last status check, but never past its next
+    checkpoint: at most ``gap`` steps (`checkpoint_gap`) past ``resumed``,
+    unless the newest checkpoint was damaged and skipped (then the seen
+    steps may exceed ``gap``, and only they are known).
+    """
+    least = max(0, seen - resumed) if seen is not None and resumed is not None else 0
+    if stopped_cleanly and seen is not None and resumed is not None:
+        return Redo(least, least)
+    return Redo(least, gap if gap is not None and gap >= least else None)

@@ -18,26 +18,36 @@ wait     training, or the VM is being made, or a call failed (retried with
 
 There is one VM name, and a create happens only after describe said
 NOT_FOUND, so there is never a second VM of the run; every ending deletes
-the VM (``--keep`` keeps a READY one), Ctrl-C and SIGTERM included.
+the VM (``--keep`` keeps a READY one), Ctrl-C, SIGTERM and SIGHUP included.
+A run ends once: from the moment it ends, signals are ignored (the VM is
+being deleted), so it reports one ending and one summary.
 """
 
 from __future__ import annotations
 
 import signal
 import sys
+import threading
 import time
-from typing import Callable
+from contextlib import contextmanager
+from typing import Callable, Iterator
 
+import launch_common as lc
 import spot_decide as sd
 import tpu_vm_commands as tc
 from spot_cloud import Cloud, create_failure, last_line
-from spot_events import Events, Standing, replay
+from spot_events import Events, Standing
+from spot_journal import Journal, JournalError, identity
 
-EXIT_INTERRUPTED = {signal.SIGINT: 130, signal.SIGTERM: 143}
+EXIT_INTERRUPTED = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
 
 
 class Interrupted(Exception):
-    """The launcher got SIGTERM (SIGINT arrives as KeyboardInterrupt)."""
+    """The launcher got SIGINT, SIGTERM or SIGHUP."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
 
 
 class RunError(Exception):
@@ -46,6 +56,18 @@ class RunError(Exception):
     def __init__(self, code: int, message: str):
         super().__init__(message)
         self.code = code
+
+
+def trainer_cadence(cfg: tc.TpuConfig) -> tuple[int, int, int, bool] | None:
+    """The trainer's epochs, ``--checkpoint_every``, steps per call and
+    whether it runs the Keras loop, from its own flags (None: unreadable)."""
+    from trainer.config import flag_problem, parse_flags  # the checkout's (tc's path)
+    argv = tc.trainer_command(cfg)[3:]
+    if flag_problem(argv, on_tpu=True):
+        return None
+    config = parse_flags(argv, on_tpu=lambda _: True)
+    return (config.epochs, config.checkpoint_every, config.steps_per_execution,
+            config.loop == "keras")
 
 
 class RunEnds:
@@ -60,14 +82,19 @@ class RunEnds:
         self.started = clock()
         self.had_vm = False
         self.setup_rc: int | None = None
-        self.failures, self.failing_since = 0, None
+        self.failures, self.failing_since = 0, None  # describe and ssh calls
+        self.refusals, self.refused_since = 0, None  # creates
         self.wheel_built = False
+        self.ending = False
+        self.cadence = trainer_cadence(cfg)
 
     def _tally(self) -> sd.Tally:
-        failing = 0.0 if self.failing_since is None else self.clock() - self.failing_since
+        def since(start):
+            return 0.0 if start is None else self.clock() - start
         return sd.Tally(recoveries=self.s.recoveries - self.s.lost_noted,
                         max_recoveries=self.cfg.max_recoveries, had_vm=self.had_vm,
-                        setup_rc=self.setup_rc, failing_seconds=failing,
+                        setup_rc=self.setup_rc, failing_seconds=since(self.failing_since),
+                        refused_seconds=since(self.refused_since),
                         retry_seconds=self.cfg.retry_seconds,
                         elapsed=self.clock() - self.started,
                         wait_timeout=self.cfg.wait_timeout)
@@ -80,17 +107,26 @@ class RunEnds:
     def _answered(self) -> None:
         self.failures, self.failing_since = 0, None
 
+    def _gap(self) -> int | None:
+        """The most steps between two of the trainer's checkpoints."""
+        if self.cadence is None:
+            return None
+        return sd.checkpoint_gap(self.s.total, *self.cadence)
+
     def _remove(self) -> None:
         """Deletes the VM and returns once describe says it is gone; retried
-        for ``--retry_seconds``, then `RunError` (255) naming the VM left."""
+        for ``--retry_seconds``, then `RunError` (255) naming the VM left.
+        ``deleted`` is reported only when there was a VM to delete."""
         deadline = self.clock() + self.cfg.retry_seconds
-        failures = 0
+        failures, existed = 0, False
         while True:
             state = self.cloud.vm_state()
             if state == sd.GONE:
                 break
+            existed = existed or state != sd.UNKNOWN
             if state != "DELETING":
                 rc, out, err = self.cloud.delete()
+                existed = existed or rc == 0
                 if rc == 0 or "NOT_FOUND" in err:
                     continue
                 failures += 1
@@ -99,12 +135,16 @@ class RunEnds:
                                f"{self.cfg.retry_seconds:g} s (--retry_seconds); delete it "
                                "yourself: " + " ".join(tc.delete_commands(self.cfg)[0]))
             self.sleep(sd.backoff(failures, self.cfg.poll_seconds))
-        self.s.dead_hosts |= self.s.vm_hosts
-        self.s.vm_hosts, self.had_vm, self.setup_rc = set(), False, None
-        self.events.emit("deleted", f"{self.cfg.name}", vm=self.cfg.name)
+        self.s.forget_vm()
+        self.had_vm, self.setup_rc = False, None
+        if existed:
+            self.events.emit("deleted", f"{self.cfg.name}", vm=self.cfg.name)
 
-    def _end(self, decision: sd.Decision, vm: str) -> int:
+    def _end(self, decision: sd.Decision, vm: str, trainer: sd.Trainer) -> int:
+        self.ending = True
         code = decision.code
+        if decision.action == sd.GIVE_UP and not self.s.lost_unrecovered:
+            self._note_loss(decision, vm, trainer, recovering=False)
         if decision.action == sd.FAIL and vm == sd.READY:
             self._fetch_log()
         usable = vm == sd.READY and decision.action != sd.GIVE_UP
@@ -121,13 +161,16 @@ class RunEnds:
             message += f"; {self.cfg.name} kept (--keep)"
         self.events.emit(event, f"{self.cfg.name}: {message}", exit=code)
         self._summary(code)
-        if code:
+        if decision.code:  # else the delete failed, which said so
             print(f"error: {self.cfg.name}: {message}", file=sys.stderr)
         return code
 
     def _fetch_log(self) -> None:
         dest = self.cfg.logs_dir / f"{self.cfg.name}-train.log"
-        rc, out, err = self.cloud.fetch_log(dest)
+        try:
+            rc, out, err = self.cloud.fetch_log(dest)
+        except OSError as exc:
+            rc, out, err = 1, "", f"{dest.parent}: {exc.strerror}"
         if rc == 0:
             print(f"the trainer's log: {dest}", file=sys.stderr)
         else:
@@ -135,53 +178,106 @@ class RunEnds:
                   file=sys.stderr)
 
     def _interrupted(self, signum: int) -> int:
-        """Ctrl-C or SIGTERM: deletes the VM (``--keep``: keeps it) with
-        further signals ignored, so the VM is never left half handled."""
+        """Ctrl-C, SIGTERM or SIGHUP: deletes the VM (``--keep``: keeps it);
+        further signals are ignored (`ending`), so the VM is never left
+        half handled."""
+        self.ending = True
         code = EXIT_INTERRUPTED[signum]
-        previous = {s: signal.signal(s, signal.SIG_IGN) for s in EXIT_INTERRUPTED}
+        name = signal.Signals(signum).name
         try:
             if not self.cfg.keep:
-                print(f"{signal.Signals(signum).name}: deleting {self.cfg.name} before "
-                      "exiting", file=sys.stderr, flush=True)
+                print(f"{name}: deleting {self.cfg.name} before exiting",
+                      file=sys.stderr, flush=True)
                 self._remove()
         except RunError as exc:
             print(f"error: {exc}", file=sys.stderr)
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
-        self.events.emit("interrupted", f"{self.cfg.name}: stopped by "
-                         f"{signal.Signals(signum).name}", exit=code)
+        self.events.emit("interrupted", f"{self.cfg.name}: stopped by {name}", exit=code)
         self._summary(code)
         return code
 
     def _summary(self, code: int) -> None:
-        redo = ", ".join("?" if r is None else str(r) for r in self.s.redo) or "none"
+        redo = self.s.redo_known(self._gap())
         wall = self.clock() - self.started
         self.events.emit("summary", f"{self.s.recoveries} recoveries; steps trained "
-                         f"again after each preemption: {redo}; wall time {wall:.0f} s; "
-                         f"exit {code}", recoveries=self.s.recoveries, redo=self.s.redo,
+                         f"again after each preemption: "
+                         f"{', '.join(r.text() for r in redo) or 'none'}; wall time "
+                         f"{wall:.0f} s; exit {code}", recoveries=self.s.recoveries,
+                         redo=[[r.least, r.most] for r in redo],
                          wall_seconds=round(wall, 1), exit=code)
+
+    def _note_loss(self, decision: sd.Decision, vm: str, trainer: sd.Trainer,
+                   recovering: bool = True) -> None:
+        """The ``preempted`` event of a lost VM. A VM lost before its trainer
+        started cost no steps; otherwise the new trainer's resume step tells
+        how many (`Standing.note_resume`). Not ``recovering``: the run gives
+        up, and the loss counts no recovery."""
+        s = self.s
+        seen, stopped = s.seen_here, vm == sd.READY and trainer.state == "exited"
+        where = ("before its trainer started" if not s.trained_here else
+                 f"at step {seen}" if seen is not None else
+                 "before the launcher saw a step of its trainer")
+        s.forget_vm()
+        if not recovering:
+            s.lost_unrecovered = True
+            self.events.emit("preempted", f"{self.cfg.name}: {decision.why}; preempted "
+                             f"{where}; not recovered", step=seen, vm=self.cfg.name)
+            return
+        s.recoveries += 1
+        s.lost_noted, s.step_at_loss, s.stopped_cleanly = True, seen, stopped
+        s.awaiting_resume = s.trained_here
+        redo = None if s.trained_here else sd.Redo(0, 0)
+        s.redo.append(redo)
+        self.events.emit("preempted", f"{self.cfg.name}: {decision.why}; preempted {where}",
+                         step=seen, stopped_cleanly=stopped, recovery=s.recoveries,
+                         redo=None if redo is None else [0, 0], vm=self.cfg.name)
 
 
 class SpotRun(RunEnds):
     """One spot run: observe, `spot_decide.decide`, act, until an ending."""
 
-    def run(self) -> int:
-        """The whole run; its exit status (`spot_decide`'s, or 130/143)."""
+    def run(self, prepare: Callable[[], None] = lambda: None) -> int:
+        """The whole run; its exit status (`spot_decide`'s, or 128+N for
+        signal N). ``prepare`` runs first, under the same signal handling."""
+        with self._signals_raise():
+            try:
+                prepare()
+                return self._loop()
+            except RunError as exc:
+                return self._end(sd.Decision(sd.FAIL, exc.code, str(exc)), sd.UNKNOWN,
+                                 sd.Trainer(sd.UNASKED))
+            except lc.ConfigError as exc:  # the wheel did not build
+                return self._end(sd.Decision(sd.FAIL, 2, str(exc)), sd.UNKNOWN,
+                                 sd.Trainer(sd.UNASKED))
+            except Interrupted as exc:
+                return self._interrupted(exc.signum)
+            except KeyboardInterrupt:
+                return self._interrupted(signal.SIGINT)
+
+    @contextmanager
+    def _signals_raise(self) -> Iterator[None]:
+        """SIGINT, SIGTERM and SIGHUP raise `Interrupted` until the run
+        ends; then they are ignored (only the main thread takes signals)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handler(signum, frame):
+            if not self.ending:
+                raise Interrupted(signum)
+        previous = {s: signal.signal(s, handler) for s in EXIT_INTERRUPTED}
         try:
-            return self._loop()
-        except RunError as exc:
-            return self._end(sd.Decision(sd.FAIL, exc.code, str(exc)), sd.UNKNOWN)
-        except (KeyboardInterrupt, Interrupted) as exc:
-            signum = signal.SIGINT if isinstance(exc, KeyboardInterrupt) else signal.SIGTERM
-            return self._interrupted(signum)
+            yield
+        finally:
+            for s, old in previous.items():
+                signal.signal(s, old)
 
     def _loop(self) -> int:
+        self._announce()
         while True:
             vm, trainer = self._observe()
             decision = sd.decide(vm, trainer, self._tally())
             if decision.action in sd.ENDINGS:
-                return self._end(decision, vm)
+                return self._end(decision, vm, trainer)
             if decision.action == sd.WAIT:
                 self.sleep(sd.backoff(self.failures, self.cfg.poll_seconds))
             elif decision.action == sd.CREATE:
@@ -189,10 +285,21 @@ class SpotRun(RunEnds):
             elif decision.action == sd.SETUP:
                 self._setup()
             elif decision.action == sd.RECOVER:
-                self._recover(decision)
+                if not self.s.lost_noted:
+                    self._note_loss(decision, vm, trainer)
+                self._remove()
             else:  # REPLACE: a queued resource that failed
                 self.events.emit("replacing", f"{self.cfg.name}: {decision.why}")
                 self._remove()
+
+    def _announce(self) -> None:
+        """The ``started`` event: what runs, and where a restarted launcher
+        takes its run up (its identity is checked against the journal's)."""
+        cfg, s = self.cfg, self.s
+        taken_up = (f"; taking up the run in {cfg.events}: {s.recoveries} "
+                    f"recoveries so far" if s.events else "")
+        self.events.emit("started", f"{cfg.name}: {cfg.accelerator_type} in {cfg.zone}, "
+                         f"model_dir {cfg.model_dir}{taken_up}", run=identity(cfg))
 
     # ------------------------------------------------------------ observe
 
@@ -223,19 +330,21 @@ class SpotRun(RunEnds):
         trainer of a recovery says where it resumed."""
         hosts = sorted({p.host for p in progress})
         steps = [p for p in progress if p.step is not None]
-        if self.s.awaiting_resume and steps:
-            resumed = max((p.resumed or 0) for p in steps)
-            redo = self.s.note_resume(resumed)
-            self.events.emit("resumed", f"{self.cfg.name}: resumed at step {resumed}; "
-                             f"{'?' if redo is None else redo} step(s) trained again",
-                             step=resumed, redo=redo)
         if not steps:
             self.s.vm_hosts |= set(hosts)
             return
         latest = max(steps, key=lambda p: p.step)
-        if latest.step != self.s.last_step or set(hosts) - self.s.vm_hosts:
+        self.s.total = latest.total or self.s.total
+        if self.s.awaiting_resume:
+            resumed = max((p.resumed or 0) for p in steps)
+            redo = self.s.note_resume(resumed, self._gap())
+            self.events.emit("resumed", f"{self.cfg.name}: resumed at step {resumed}; "
+                             f"{redo.text()} step(s) trained again",
+                             step=resumed, redo=[redo.least, redo.most])
+        if (latest.step != self.s.seen_here or latest.step != self.s.last_step
+                or set(hosts) - self.s.vm_hosts):
             self.s.vm_hosts |= set(hosts)
-            self.s.last_step, self.s.total = latest.step, latest.total
+            self.s.last_step = self.s.seen_here = latest.step
             self.events.emit("training", f"{self.cfg.name}: step {latest.step}/"
                              f"{latest.total}", step=latest.step, total=latest.total,
                              hosts=sorted(self.s.vm_hosts))
@@ -243,29 +352,40 @@ class SpotRun(RunEnds):
     # ------------------------------------------------------------ actions
 
     def _create(self) -> None:
+        """Creates the VM (the wheel is built first, so a build that fails
+        costs no VM); every refusal in a row counts toward ``--retry_seconds``
+        and waits longer (`spot_decide.backoff`)."""
+        self._build_wheel()
         rc, out, err = self.cloud.create()
         what = "queued resource" if self.cfg.queued else "spot VM" if self.cfg.spot else "VM"
         if rc == 0:
-            self._answered()
+            self.refusals, self.refused_since = 0, None
             self.setup_rc, self.s.lost_noted, self.s.trained_here = None, False, False
+            self.s.lost_unrecovered, self.s.seen_here = False, None
             self.events.emit("created", f"{self.cfg.name}: {what} "
                              f"{self.cfg.accelerator_type} in {self.cfg.zone}", vm=self.cfg.name)
             return
         kind = create_failure(err + out)
         if kind == "permanent":
             raise RunError(1, f"creating {self.cfg.name} failed: {last_line(err + out)}")
-        self._failed()
+        self.refusals += 1
+        if self.refused_since is None:
+            self.refused_since = self.clock()
+        wait = sd.backoff(self.refusals, self.cfg.poll_seconds)
         self.events.emit("no capacity" if kind == "stockout" else "create failed",
                          f"{self.cfg.name}: {last_line(err + out)}; trying again in "
-                         f"{sd.backoff(self.failures, self.cfg.poll_seconds):g} s")
-        self.sleep(sd.backoff(self.failures, self.cfg.poll_seconds))
+                         f"{wait:g} s")
+        self.sleep(wait)
+
+    def _build_wheel(self) -> None:
+        if not self.wheel_built:
+            self.cloud.build_wheel()
+            self.wheel_built = True
 
     def _setup(self) -> None:
         """Installs on the VM and starts the trainer; a failure is kept in
         ``setup_rc`` for `decide` (255: ssh could not reach the VM, retried)."""
-        if not self.wheel_built:
-            self.cloud.build_wheel()
-            self.wheel_built = True
+        self._build_wheel()
         rc, out, err = self.cloud.install()
         if rc == 0:
             self.events.emit("set up", f"{self.cfg.name}: TensorFlow and the project "
@@ -290,35 +410,23 @@ class SpotRun(RunEnds):
                              f"({self.s.recoveries} of {self.cfg.max_recoveries})",
                              recovery=self.s.recoveries)
         else:
-            self.events.emit("training", f"{self.cfg.name}: trainer started",
-                             step=self.s.last_step)
-
-    def _recover(self, decision: sd.Decision) -> None:
-        """Deletes the lost VM and waits until it is gone; the next round
-        creates the new one. A VM lost before its trainer started cost no
-        steps; otherwise the new trainer's resume step tells how many."""
-        if not self.s.lost_noted:
-            self.s.recoveries += 1
-            self.s.lost_noted, self.s.step_at_loss = True, self.s.last_step
-            self.s.awaiting_resume = self.s.trained_here
-            redo = None if self.s.trained_here else 0
-            self.s.redo.append(redo)
-            where = (f"at step {'?' if self.s.last_step is None else self.s.last_step}"
-                     if self.s.trained_here else "before its trainer started")
-            self.events.emit("preempted", f"{self.cfg.name}: {decision.why}; preempted "
-                             f"{where}", step=self.s.last_step, redo=redo,
-                             recovery=self.s.recoveries)
-        self._remove()
-
-def _raise_interrupted(signum, frame):
-    raise Interrupted()
+            self.events.emit("training", f"{self.cfg.name}: trainer started")
 
 
-def run_spot(cfg: tc.TpuConfig, cloud: Cloud) -> int:
-    """``run`` with real gcloud calls: SIGTERM stops it as Ctrl-C does, and
-    a killed launcher's run is taken up from the ``--events`` journal."""
-    previous = signal.signal(signal.SIGTERM, _raise_interrupted)
+def run_spot(cfg: tc.TpuConfig, cloud: Cloud,
+             prepare: Callable[[], None] = lambda: None) -> int:
+    """``run`` with real gcloud calls. The ``--events`` journal is read,
+    checked and locked before anything else (a damaged one, or one another
+    launcher holds, ends the launcher in one line with nothing done); a
+    killed launcher's run is taken up from it."""
+    journal, standing = None, Standing()
+    if cfg.events is not None:
+        try:
+            journal, standing = Journal.open(cfg.events, identity(cfg))
+        except JournalError as exc:
+            return lc.fail(str(exc), exc.code)
     try:
-        return SpotRun(cfg, cloud, Events(cfg.events), replay(cfg.events)).run()
+        return SpotRun(cfg, cloud, Events(journal), standing).run(prepare)
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if journal is not None:
+            journal.close()

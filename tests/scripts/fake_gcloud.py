@@ -7,9 +7,12 @@ and exit statuses.
     storage cat gs://BUCKET/OBJECT   (from the local GCS server,
                                       STORAGE_EMULATOR_HOST)
 
-``create`` blocks while the VM is CREATING (``FAKE_CREATE_SECONDS``), as
-gcloud waits for the operation; a queued resource waits for capacity and
-becomes ACTIVE, with its VM READY, when it is next described.
+``create`` blocks while the VM is CREATING (``FAKE_CREATE_SECONDS``), and
+``delete`` while it is DELETING (``FAKE_DELETE_SECONDS``), as gcloud waits
+for the operation; the operation itself runs on in a process of its own,
+as it runs on in Cloud TPU when gcloud is killed. A queued resource waits
+for capacity and becomes ACTIVE, with its VM READY, when it is next
+described.
 """
 
 from __future__ import annotations
@@ -51,20 +54,20 @@ def _not_found(verb: str, name: str) -> int:
 def tpu_vm(cloud: FakeCloud, verb: str, args: list[str]) -> int:
     positional, flags = _flags(args)
     name = positional[0].split(":")[0] if verb != "scp" else None
-    handlers = {"create": lambda: create(cloud, name, flags),
+    handlers = {"create": lambda: _operation("create", name, flags.get("zone", "")),
                 "describe": lambda: describe(cloud, name),
-                "delete": lambda: delete(cloud, name),
+                "delete": lambda: _operation("delete", name),
                 "ssh": lambda: ssh(cloud, name, flags),
                 "scp": lambda: scp(cloud, positional)}
     return handlers[verb]()
 
 
-def create(cloud: FakeCloud, name: str, flags: dict[str, str]) -> int:
+def create(cloud: FakeCloud, name: str, zone: str) -> int:
     with cloud.locked():
         if cloud.state(name) is not None:
             return _error("tpu-vm.create", "ALREADY_EXISTS", f"node {name} already exists")
         if cloud.take_fault("stockouts"):
-            print(STOCKOUT.format(zone=flags.get("zone")), file=sys.stderr)
+            print(STOCKOUT.format(zone=zone), file=sys.stderr)
             return 1
         vm_id = cloud.new_vm(name)
     time.sleep(float(os.environ.get("FAKE_CREATE_SECONDS", "0.2")))
@@ -72,6 +75,17 @@ def create(cloud: FakeCloud, name: str, flags: dict[str, str]) -> int:
         if cloud.vm_id(name) == vm_id and cloud.state(name) == "CREATING":
             cloud.set_state(name, "READY")
     return 0
+
+
+def _operation(verb: str, name: str, zone: str = "") -> int:
+    """A create or delete, run in a session of its own (a signal to this
+    gcloud does not reach it) and waited for, as gcloud waits."""
+    return subprocess.run([sys.executable, __file__, "operation", verb, name, zone],
+                          start_new_session=True).returncode
+
+
+def operation(cloud: FakeCloud, verb: str, name: str, zone: str) -> int:
+    return create(cloud, name, zone) if verb == "create" else delete(cloud, name)
 
 
 def describe(cloud: FakeCloud, name: str) -> int:
@@ -87,9 +101,11 @@ def delete(cloud: FakeCloud, name: str) -> int:
         if cloud.state(name) is None:
             return _not_found("tpu-vm.delete", name)
         cloud.set_state(name, "DELETING")
+        vm_id = cloud.vm_id(name)
     time.sleep(float(os.environ.get("FAKE_DELETE_SECONDS", "0.1")))
     with cloud.locked():
-        cloud.remove_vm(name)
+        if cloud.vm_id(name) == vm_id:
+            cloud.remove_vm(name)
     return 0
 
 
@@ -179,6 +195,8 @@ def storage_cat(url: str) -> int:
 
 def main(argv: list[str]) -> int:
     cloud = FakeCloud(Path(os.environ["FAKE_CLOUD"]))
+    if argv[0] == "operation":  # not a gcloud call: the cloud's side of one
+        return operation(cloud, *argv[1:])
     if argv[:2] == ["storage", "cat"]:
         rc = storage_cat(argv[2])
     elif argv[:3] == ["compute", "tpus", "tpu-vm"]:

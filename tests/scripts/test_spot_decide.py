@@ -17,10 +17,11 @@ import pytest
 from mnist_common import storage_lock
 from tests.scripts.launch_helpers import TPU_ARGS, run_script, tpu_plan
 
+from tests.scripts.spot_scripted import ScriptedCloud, loop, progress
+
 import spot_cloud  # noqa: E402  (scripts/ is on the path: launch_helpers)
 import spot_decide as sd  # noqa: E402
-import spot_events  # noqa: E402
-import spot_runner  # noqa: E402
+import spot_journal  # noqa: E402
 import tpu_vm_commands as tc  # noqa: E402
 
 RUNNING = sd.Trainer("running")
@@ -76,66 +77,6 @@ def test_create_failures(text, kind):
 
 # ------------------------------------------------- the loop, scripted
 
-class ScriptedCloud:
-    """VM states and call results from lists; records the calls."""
-
-    def __init__(self, states, trainers=(), creates=(), installs=()):
-        self.states, self.trainers = list(states), list(trainers)
-        self.creates, self.installs = list(creates), list(installs)
-        self.calls = []
-
-    def vm_state(self):
-        self.calls.append("describe")
-        return self.states.pop(0)
-
-    def trainer(self):
-        self.calls.append("status")
-        return self.trainers.pop(0)
-
-    def create(self):
-        self.calls.append("create")
-        return self.creates.pop(0) if self.creates else (0, "", "")
-
-    def build_wheel(self):
-        self.calls.append("build")
-
-    def install(self):
-        self.calls.append("install")
-        return self.installs.pop(0) if self.installs else (0, "", "")
-
-    def start_trainer(self, dead_hosts):
-        self.calls.append(f"train dead={','.join(dead_hosts)}")
-        return 0, "", ""
-
-    def delete(self):
-        self.calls.append("delete")
-        return 0, "", ""
-
-    def fetch_log(self, dest):
-        self.calls.append("fetch log")
-        return 0, "", ""
-
-
-def loop(cloud, tmp_path, *flags, events=None):
-    cfg, _ = tpu_plan("run", "--poll_seconds=1", "--retry_seconds=30", *flags)
-    cfg.events = events
-    now = [0.0]
-
-    def sleep(seconds):
-        now[0] += seconds
-    out = tmp_path / "out.txt"
-    with open(out, "w") as fh:
-        run = spot_runner.SpotRun(cfg, cloud, spot_events.Events(events, out=fh),
-                                  spot_events.replay(events), clock=lambda: now[0],
-                                  sleep=sleep)
-        code = run.run()
-    return code, out.read_text()
-
-
-def progress(state, code=None, step=None, host="h1"):
-    return sd.Trainer(state, code), [tc.Progress(host, step, 66, None)]
-
-
 def test_a_stockout_is_retried_then_the_run_trains_and_finishes(tmp_path):
     stockout = (1, "", "ERROR: RESOURCE_EXHAUSTED: There is no more capacity in the zone")
     cloud = ScriptedCloud(["GONE", "GONE", "READY", "READY", "READY", "READY", "GONE"],
@@ -143,12 +84,13 @@ def test_a_stockout_is_retried_then_the_run_trains_and_finishes(tmp_path):
                            progress("exited", 0, 66)], creates=[stockout])
     code, out = loop(cloud, tmp_path)
     assert code == 0
-    assert cloud.calls == ["describe", "create", "describe", "create", "describe", "status",
-                           "build", "install", "train dead=", "describe", "status",
+    # The wheel is built before the first create: a build that fails costs no VM.
+    assert cloud.calls == ["describe", "build", "create", "describe", "create", "describe",
+                           "status", "install", "train dead=", "describe", "status",
                            "describe", "status", "describe", "delete", "describe"]
     assert [line.split()[1] for line in out.splitlines()] == [
-        "no", "created:", "set", "training:", "training:", "training:", "deleted:",
-        "finished:", "summary:"]
+        "started:", "no", "created:", "set", "training:", "training:", "training:",
+        "deleted:", "finished:", "summary:"]
 
 
 def test_ssh_failing_too_long_gives_up_and_deletes(tmp_path):
@@ -177,7 +119,7 @@ def test_the_journal_lets_a_restarted_launcher_count_on(tmp_path):
            {"event": "created"}, {"event": "recovered", "recovery": 1},
            {"event": "training", "step": 30, "hosts": ["h-two"]}]
     events.write_text("".join(json.dumps(e) + "\n" for e in old))
-    standing = spot_events.replay(events)
+    standing = replayed(events)
     assert (standing.recoveries, standing.dead_hosts, standing.vm_hosts) == (
         1, {"h-old"}, {"h-two"})
     cloud = ScriptedCloud(["PREEMPTED", "PREEMPTED", "GONE", "GONE", "READY", "READY", "GONE"],
@@ -187,7 +129,14 @@ def test_the_journal_lets_a_restarted_launcher_count_on(tmp_path):
     assert "train dead=h-old,h-two" in cloud.calls
     assert "recovered: mnist-tpu: training again (2 of 2)" in out
     # A finished run's journal starts the next one afresh.
-    assert spot_events.replay(events).recoveries == 0
+    assert replayed(events).recoveries == 0
+
+
+def replayed(path):
+    """The `Standing` a launcher reads from the journal at ``path``."""
+    journal, standing = spot_journal.Journal.open(path, {})
+    journal.close()
+    return standing
 
 
 # ----------------------------------------------- commands and the CLI

@@ -4,7 +4,7 @@ exit status, the events, and the VMs left (none unless ``--keep``).
 A trainer bug is not retried; a queued resource waits for capacity;
 ``--max_recoveries`` ends the run; a launcher killed and started again picks
 its run up (waiting on a VM that trains, recovering a preempted one, counting
-on from its journal); Ctrl-C and SIGTERM to the launcher delete the VM.
+on from its journal); Ctrl-C, SIGTERM and SIGHUP to the launcher delete the VM.
 """
 
 from __future__ import annotations
@@ -79,7 +79,9 @@ def test_max_recoveries_reached_ends_the_run_and_deletes_the_vm(world):
     chaos.join(timeout=10)
     assert not chaos.error, chaos.error
     assert proc.returncode == 75, proc.stdout + proc.stderr[-3000:]
-    assert kinds(world).count("preempted") == 1
+    # Both preemptions are reported; the second is not recovered.
+    preempted = [e for e in world.events() if e["event"] == "preempted"]
+    assert [e.get("recovery") for e in preempted] == [1, None]
     assert kinds(world)[-2:] == ["gave up", "summary"]
     assert "--max_recoveries=1 reached" in proc.stdout
     assert creates(world) == 2 and world.cloud.vms() == {} and world.cloud.most_alive() == 1
@@ -112,8 +114,9 @@ def test_a_killed_launcher_started_again_picks_up_its_run(world):
 
 
 @pytest.mark.parametrize("signum, when, code", [
-    (signal.SIGINT, "training", 130), (signal.SIGTERM, "setup", 143)])
-def test_ctrl_c_or_sigterm_to_the_launcher_deletes_the_vm(world, signum, when, code):
+    (signal.SIGINT, "training", 130), (signal.SIGTERM, "setup", 143),
+    (signal.SIGHUP, "training", 129)])  # SIGHUP: the terminal closed
+def test_ctrl_c_sigterm_or_sighup_to_the_launcher_deletes_the_vm(world, signum, when, code):
     proc = world.start(world.argv("stop"))
     if when == "training":
         until(lambda: world.step() >= 2, "the trainer at step 2")
