@@ -98,3 +98,21 @@ def test_killed_publish_rerun_with_the_same_command_exits_0(tmp_path, idx_dir):
         f"error: {out}: completed the interrupted publish of run {run}, so it now "
         "holds that dataset; pass --overwrite to replace it")
     verify(str(out))
+
+
+@pytest.mark.slow
+def test_a_temp_folder_left_after_the_publish_is_one_warning_and_exit_0(tmp_path, idx_dir):
+    """The dataset is published when the temp folder's removal fails: the run
+    says so in one line and succeeds; the next run removes the folder."""
+    out = tmp_path / "out"
+    args = [f"--source={idx_dir}", f"--output={out}", *FLAGS]
+    result = run_command(args, "erofs@removing-temp")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    [warning] = [line for line in result.stderr.splitlines() if "could not remove" in line]
+    assert warning.endswith("(OSError: [Errno 30] Read-only file system); the next run "
+                            "removes it"), warning
+    verify(str(out))
+    assert [n for n in os.listdir(out) if n.startswith(".incomplete-")]
+    assert run_command(args + ["--overwrite"]).returncode == 0
+    assert not [n for n in os.listdir(out) if n.startswith(".incomplete-")]
