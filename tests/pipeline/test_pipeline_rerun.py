@@ -11,7 +11,7 @@ from pipeline import faults
 from pipeline.errors import PipelineInputError, StorageError
 from pipeline.publish import journal
 from pipeline.verify import verify
-from tests.helpers import REPO, job_result, run_job
+from tests.helpers import REPO, job_result, run_job, with_defaults
 
 POINT = "moved:mnist-train.tfrecord-00001-of-00003"
 FLAGS = ["--runner=DirectRunner", "--min_shards=3", "--allow_extreme_sharding"]
@@ -37,7 +37,7 @@ def interrupt(monkeypatch, args):
 def test_same_dataset_rerun_is_done(tmp_path, idx_dir, monkeypatch, rerun):
     args = [f"--source={idx_dir}", f"--output={tmp_path / 'out'}", *FLAGS]
     run = interrupt(monkeypatch, args)
-    done = job_result(args + rerun)
+    done = job_result(with_defaults(args, rerun))
     assert done.manifest is None
     assert done.nothing_left == f"{tmp_path / 'out'}: " + DONE.format(run=run)
     manifest = verify(str(tmp_path / "out"))
@@ -53,7 +53,7 @@ def test_other_dataset_rerun_is_refused(tmp_path, idx_dir, monkeypatch, rerun):
     run = interrupt(monkeypatch, args)
     with pytest.raises(PipelineInputError, match=f"completed the interrupted publish of "
                        f"run {run}, so it now holds that dataset; pass --overwrite"):
-        run_job(args + rerun)
+        run_job(with_defaults(args, rerun))
     verify(str(tmp_path / "out"))
 
 
