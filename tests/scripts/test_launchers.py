@@ -80,6 +80,21 @@ def test_dataflow_command_has_what_a_real_run_needs(tmp_path):
     assert build[build.index("--wheel-dir") + 1] == str(tmp_path)
 
 
+def test_a_repeatable_flag_may_repeat_and_another_may_not(tmp_path, capsys):
+    """--experiments collects every value (its action appends); --project twice
+    is one line, exit 2, before anything is built."""
+    _, (_, run) = dataflow_plan("--experiments=a", "--experiments=b", dist_dir=tmp_path)
+    assert [a for a in run if a.startswith("--experiments=")] == [
+        "--experiments=a", "--experiments=b"]
+    with pytest.raises(SystemExit) as stopped:
+        dataflow_plan("--project=other", dist_dir=tmp_path)
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err == ("error: --project given twice (--project=proj-1, "
+                                       "then --project=other); give each flag once "
+                                       "(see --help)\n")
+    assert not list(tmp_path.iterdir())
+
+
 def test_beam_reads_the_dataflow_flags_and_stages_the_wheel(tmp_path):
     from apache_beam.options.pipeline_options import (
         DebugOptions, GoogleCloudOptions, PipelineOptions, SetupOptions,
