@@ -24,7 +24,7 @@ import re
 import signal
 import sys
 import tempfile
-from typing import Iterator
+from typing import BinaryIO, Iterator, Optional
 
 OK = 0
 FAILURE = 1
@@ -56,29 +56,55 @@ def is_startup_noise(line: bytes) -> bool:
     return bool(_NOISE.match(line))
 
 
+# While `tensorflow_start` captures fd 2: (a duplicate of the real stderr,
+# the capture file). Set before fd 2 is redirected and cleared only once it
+# is put back, so `end_capture` always finds the real stderr.
+_capture: Optional[tuple[int, BinaryIO]] = None
+
+
 @contextlib.contextmanager
 def tensorflow_start() -> Iterator[None]:
     """Inside the block, fd 2 is captured; on leaving it, lines that are not
     start-up noise pass on to the real stderr, whether or not the block raised.
 
     The caller imports TensorFlow inside, and does there whatever first
-    touches its devices (listing them, splitting the CPU).
+    touches its devices (listing them, splitting the CPU). A process that
+    ends inside the block without leaving it (``os._exit`` from a signal
+    handler) calls `end_capture` first.
     """
+    global _capture
     set_tensorflow_log_level()
     sys.stderr.flush()
     saved = os.dup(2)
     with tempfile.TemporaryFile() as captured:
+        _capture = (saved, captured)
         os.dup2(captured.fileno(), 2)
         try:
             yield
         finally:
             sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            captured.seek(0)
-            kept = b"".join(line for line in captured if not is_startup_noise(line))
-            if kept:
-                os.write(2, kept)
+            end_capture()
+
+
+def end_capture() -> None:
+    """Puts the real stderr back on fd 2 and passes on the lines captured so
+    far that are not start-up noise; does nothing outside `tensorflow_start`.
+
+    Safe in a signal handler that interrupted the block's own ending: until
+    fd 2 is back, `_capture` still holds the real stderr's duplicate, open,
+    and nothing was passed on yet.
+    """
+    global _capture
+    if _capture is None:
+        return
+    saved, captured = _capture
+    os.dup2(saved, 2)
+    _capture = None
+    os.close(saved)
+    captured.seek(0)
+    kept = b"".join(line for line in captured if not is_startup_noise(line))
+    if kept:
+        os.write(2, kept)
 
 
 def import_tensorflow_quietly() -> None:

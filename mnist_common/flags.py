@@ -7,6 +7,11 @@ with one line ``error: PROBLEM (see --help)`` and exit status 2, and when a
 flag it does not know is close to one it knows, the line says so:
 ``...; did you mean --data, not --dat? (see --help)``.
 
+argparse also takes a flag given twice, the last value silently winning
+(``--output=a --output=b`` writes to ``b``). `OneLineParser` refuses that
+(`repeated_flag`), except for flags whose action collects every occurrence
+(``action="append"``, ``"count"``, ``"extend"``).
+
 Python 3.10-3.12 argparse: a parser's option strings are the keys of its
 ``_option_string_actions``; `parse_known_args` is the one path every parse
 takes, and `error` is what it calls on a usage error.
@@ -51,12 +56,46 @@ def option_strings(parser: argparse.ArgumentParser) -> list[str]:
     return list(parser._option_string_actions)  # pylint: disable=protected-access
 
 
+# Actions that collect every occurrence of their flag: repeating one is its use.
+_REPEATABLE = (argparse._AppendAction,  # pylint: disable=protected-access
+               argparse._AppendConstAction,  # pylint: disable=protected-access
+               argparse._CountAction,  # pylint: disable=protected-access
+               argparse._ExtendAction)  # pylint: disable=protected-access
+
+
+def repeated_flag(given: Sequence[str], parser: argparse.ArgumentParser) -> str:
+    """``"--output given twice (--output=a, then --output=b)"`` for the first
+    flag of ``parser`` that ``given`` holds twice (by any of its names), else
+    ``""``. Flags of `_REPEATABLE` actions may repeat; arguments after
+    ``--`` are not flags. A value never reads as a flag: argparse takes no
+    value that looks like one of its flags (``--splits --output`` is an error
+    of its own), and ``--flag=VALUE`` is read by its name."""
+    actions = parser._option_string_actions  # pylint: disable=protected-access
+    first: dict = {}
+    for arg in given:
+        if arg == "--":
+            break
+        name = arg.split("=", 1)[0]
+        action = actions.get(name)
+        if action is None or isinstance(action, _REPEATABLE):
+            continue
+        if action in first:
+            return f"{name} given twice ({first[action]}, then {arg})"
+        first[action] = arg
+    return ""
+
+
 class OneLineParser(argparse.ArgumentParser):
-    """An argparse parser whose usage errors are one line (`usage_error`)."""
+    """An argparse parser whose usage errors are one line (`usage_error`) and
+    that refuses a flag given twice (`repeated_flag`)."""
 
     def parse_known_args(self, args=None, namespace=None):
         self._given = list(sys.argv[1:] if args is None else args)
-        return super().parse_known_args(args, namespace)
+        parsed = super().parse_known_args(args, namespace)
+        repeated = repeated_flag(self._given, self)
+        if repeated:
+            self.usage_error(f"{repeated}; give each flag once (see --help)")
+        return parsed
 
     def error(self, message):
         hint = misspelling(getattr(self, "_given", ()), option_strings(self))

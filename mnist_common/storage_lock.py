@@ -12,7 +12,8 @@ naming the holder, unless the holder is provably dead: same host and its
 pid gone, a heartbeat older than `STALE_SECONDS`, or a host that the
 caller names as gone in `DEAD_HOSTS_ENV` (the TPU launcher names the hosts
 of a VM it has deleted, whose holder would otherwise count as live for
-`STALE_SECONDS` after its last heartbeat). Such a lock is taken
+`STALE_SECONDS` after its last heartbeat) unless it is this host and the
+holder's pid lives. Such a lock is taken
 over with a warning, and the takeover is itself conditional, so two runs
 racing for a dead holder's lock cannot both win. A run checks that it still
 holds the lock before it publishes what it wrote, and releases the lock
@@ -136,19 +137,38 @@ class LockInfo:
 def dead_reason(info: LockInfo, now: float, host: Optional[str] = None,
                 gone: frozenset = frozenset()) -> str:
     """Why the holder is provably dead, or "" if it may be alive. ``gone``:
-    hosts the caller knows are gone (`dead_hosts`)."""
-    if info.host in gone:
-        return f"its host {info.host} is gone ({DEAD_HOSTS_ENV})"
+    hosts the caller knows are gone (`dead_hosts`).
+
+    On the holder's own host its pid is the proof either way: gone, the
+    holder is dead; alive, the host is not gone, whatever ``gone`` says (a
+    hand-set `DEAD_HOSTS_ENV` naming this host never takes a live run's
+    lock). A heartbeat older than `STALE_SECONDS` still counts as dead: a
+    stopped process (SIGSTOP, a frozen VM) keeps its pid.
+    """
+    alive_here = False
+    if info.host == (host or socket.gethostname()) and info.pid > 0:
+        if not _pid_alive(info.pid):
+            return f"pid {info.pid} is gone on this host"
+        alive_here = True
     if now - info.heartbeat > STALE_SECONDS:
         return f"heartbeat {now - info.heartbeat:.0f}s old (> {STALE_SECONDS:.0f}s)"
-    if info.host == (host or socket.gethostname()) and info.pid > 0:
-        try:
-            os.kill(info.pid, 0)
-        except ProcessLookupError:
-            return f"pid {info.pid} is gone on this host"
-        except PermissionError:
-            pass
+    if info.host in gone and not alive_here:
+        return f"its host {info.host} is gone ({DEAD_HOSTS_ENV})"
+    if info.host in gone:
+        logging.warning("%s names %s as gone, but pid %d lives on it: the lock is not "
+                        "taken over", DEAD_HOSTS_ENV, info.host, info.pid)
     return ""
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether ``pid`` exists on this host (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 class LocalLockFile:

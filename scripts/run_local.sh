@@ -55,10 +55,32 @@ case "$LOOP" in
   *) echo "error: LOOP must be keras or custom, got '$LOOP'" >&2; exit 2 ;;
 esac
 
+has_flag() {  # FLAG ARGS...: whether ARGS (before a --) give FLAG or FLAG=VALUE
+  local flag="$1" arg
+  shift
+  for arg in "$@"; do
+    [[ "$arg" == "--" ]] && return 1
+    [[ "$arg" == "$flag" || "$arg" == "$flag="* ]] && return 0
+  done
+  return 1
+}
+
+# The trainer refuses a flag given twice. --data, --model_dir and --loop are
+# this script's (it makes, replaces and names folders after them); --preset
+# and --epochs given as arguments replace its own.
+for pair in --data:DATA --model_dir:MODEL_DIR --loop:LOOP; do
+  if has_flag "${pair%%:*}" "$@"; then
+    echo "error: ${pair%%:*}: set ${pair#*:}=... instead (this script's own setting)" >&2
+    exit 2
+  fi
+done
+TRAINER_FLAGS=(--data="$DATA" --model_dir="$MODEL_DIR")
+has_flag --preset "$@" || TRAINER_FLAGS+=(--preset=cpu)
+TRAINER_FLAGS+=(--loop="$LOOP")
+has_flag --epochs "$@" || TRAINER_FLAGS+=(--epochs="$EPOCHS")
+TRAINER_FLAGS+=("$@")
 # The trainer's flags are checked before anything is replaced, by the
 # trainer's own parser (scripts/check_trainer_flags.py: no TensorFlow).
-TRAINER_FLAGS=(--data="$DATA" --model_dir="$MODEL_DIR" --preset=cpu --loop="$LOOP"
-  --epochs="$EPOCHS" "$@")
 if ! "$PYTHON" scripts/check_trainer_flags.py "${TRAINER_FLAGS[@]}"; then
   exit 2
 fi

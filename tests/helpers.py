@@ -47,6 +47,14 @@ def write_idx_split(folder: Path, split: str, images: np.ndarray,
         else gzip.compress(idx.encode_idx(labels), mtime=0))
 
 
+def with_defaults(defaults, flags) -> list[str]:
+    """``defaults`` less the flags ``flags`` give again, then ``flags``: the
+    commands refuse a flag given twice (`mnist_common.flags`), so a test's own
+    value replaces a helper's default instead of following it."""
+    given = {flag.split("=", 1)[0] for flag in flags if flag.startswith("--")}
+    return [*(flag for flag in defaults if flag.split("=", 1)[0] not in given), *flags]
+
+
 def job_result(argv):
     """Runs the conversion job in this process on ``argv``, parsed as the command line
     parses it; returns its `pipeline.job.JobResult`."""

@@ -4,8 +4,10 @@ Runs the trainer's export (``MODEL_DIR/export``, see `trainer.model.export`)
 through its ``serving_default`` signature, the way a server would: raw
 uint8 pixels in, ``probabilities`` and ``class`` out.
 
-* PNG files: each must be a 28x28 grayscale (or colour, converted) image,
-  white digit on black like MNIST. One line per file:
+* PNG files: each must be a 28x28 grayscale image of at most 8 bits per
+  pixel, white digit on black like MNIST (colour, alpha and 16-bit PNGs are
+  refused, naming their mode: no conversion guesses how a digit was drawn).
+  One line per file:
   ``FILE class=7 probability=0.9991``.
 * ``--data=DIR --split=test [--limit=N]``: the conversion job's output,
   read by the trainer's own input code (`trainer.data.input_pipeline`: manifest, file
@@ -100,16 +102,28 @@ def read_png(path: str) -> np.ndarray:
     return image
 
 
+# PNG colour types (the IHDR header's byte after the bit depth) and their names.
+_PNG_COLOUR_TYPES = {0: "grayscale", 2: "RGB", 3: "palette", 4: "grayscale+alpha",
+                     6: "RGBA"}
+
+
 def _check_png_header(path: str, blob: bytes) -> None:
-    """The PNG signature, and the size its IHDR header gives, before decoding:
-    a 20000x20000 image would take gigabytes to decode only to be refused."""
+    """The PNG signature, and the size and mode its IHDR header gives, before
+    decoding: a 20000x20000 image would take gigabytes to decode only to be
+    refused. Only grayscale of 1 to 8 bits per pixel is taken, as documented:
+    it decodes to MNIST's uint8 pixels exactly."""
     if not blob.startswith(b"\x89PNG\r\n\x1a\n"):
         raise TrainerInputError(f"{path}: not a PNG file")
-    if len(blob) < 24 or blob[12:16] != b"IHDR":
+    if len(blob) < 26 or blob[12:16] != b"IHDR":
         raise TrainerInputError(f"{path}: not a PNG file (no IHDR header)")
     width, height = int.from_bytes(blob[16:20], "big"), int.from_bytes(blob[20:24], "big")
     if (height, width) != (contract.IMAGE_HEIGHT, contract.IMAGE_WIDTH):
         _refuse_size(path, height, width)
+    depth, colour = blob[24], blob[25]
+    if colour != 0 or depth > 8:
+        mode = _PNG_COLOUR_TYPES.get(colour, f"colour type {colour}")
+        raise TrainerInputError(f"{path}: PNG mode {mode}, {depth} bits per sample; "
+                                "expected grayscale of at most 8 bits")
 
 
 def _refuse_size(path: str, height: int, width: int) -> None:

@@ -27,7 +27,7 @@ import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 
 from trainer import _compat, cluster
-from trainer.errors import TrainerError, summarize_error
+from trainer.errors import TrainerError, TrainerInputError, summarize_error
 
 log = logging.getLogger(__name__)
 
@@ -121,30 +121,30 @@ def check_tf_config(raw: str) -> None:
     """``TF_CONFIG`` names a cluster and this task in it, before TensorFlow
     reads it (it raises a bare ValueError for a missing task, an index past
     its type's list or a type not in the cluster, and runs a JSON list as
-    one worker)."""
+    one worker). Each refusal is bad input (exit 2), naming TF_CONFIG."""
     try:
         config = json.loads(raw)
     except json.JSONDecodeError as e:
-        raise TrainerError(f"TF_CONFIG is not valid JSON ({e})") from None
+        raise TrainerInputError(f"TF_CONFIG is not valid JSON ({e})") from None
     cluster = config.get("cluster") if isinstance(config, dict) else None
     if not isinstance(cluster, dict) or not cluster or not all(
             isinstance(hosts, list) and hosts and all(isinstance(h, str) for h in hosts)
             for hosts in cluster.values()):
-        raise TrainerError('TF_CONFIG: needs {"cluster": {TYPE: ["host:port", ...]}, '
-                           '"task": {"type": TYPE, "index": N}}')
+        raise TrainerInputError('TF_CONFIG: needs {"cluster": {TYPE: ["host:port", ...]}, '
+                                '"task": {"type": TYPE, "index": N}}')
     task = config.get("task")
     if not isinstance(task, dict) or "type" not in task or "index" not in task:
-        raise TrainerError('TF_CONFIG: no "task" with a "type" and an "index" '
-                           "(which member of the cluster this process is)")
+        raise TrainerInputError('TF_CONFIG: no "task" with a "type" and an "index" '
+                                "(which member of the cluster this process is)")
     kind, index = task["type"], task["index"]
     if kind not in cluster:
-        raise TrainerError(f"TF_CONFIG: task type {kind!r} is not in the cluster "
-                           f"({', '.join(sorted(cluster))})")
+        raise TrainerInputError(f"TF_CONFIG: task type {kind!r} is not in the cluster "
+                                f"({', '.join(sorted(cluster))})")
     if not isinstance(index, int) or isinstance(index, bool) or not (
             0 <= index < len(cluster[kind])):
-        raise TrainerError(f"TF_CONFIG: task index {index!r} is not one of the "
-                           f"{len(cluster[kind])} {kind!r} address(es) (0..."
-                           f"{len(cluster[kind]) - 1})")
+        raise TrainerInputError(f"TF_CONFIG: task index {index!r} is not one of the "
+                                f"{len(cluster[kind])} {kind!r} address(es) (0..."
+                                f"{len(cluster[kind]) - 1})")
 
 
 def make_strategy(kind: str = "auto", tpu: Optional[str] = None,
@@ -170,8 +170,8 @@ def make_strategy(kind: str = "auto", tpu: Optional[str] = None,
         return mirrored()
     if kind == "multi_worker":
         if not os.environ.get("TF_CONFIG"):
-            raise TrainerError("--strategy=multi_worker needs TF_CONFIG "
-                               "(cluster spec and this task) in the environment")
+            raise TrainerInputError("--strategy=multi_worker needs TF_CONFIG "
+                                    "(cluster spec and this task) in the environment")
         check_tf_config(os.environ["TF_CONFIG"])
         return cluster.start(os.environ["TF_CONFIG"], cluster_timeout)
     if kind == "default":

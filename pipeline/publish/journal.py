@@ -35,6 +35,7 @@ from typing import Any, Iterable, Mapping, Optional
 import mnist_contract as contract
 
 from pipeline import faults, storage
+from pipeline.errors import failure_summary
 
 JOURNAL_VERSION = 1
 METADATA = contract.TFDS_METADATA_FILES + (contract.MANIFEST_FILE,)
@@ -183,7 +184,14 @@ def apply(output: str, plan: Plan) -> None:
     storage.delete([journal_path(output)])
     faults.point("journal-deleted")
     try:
+        faults.point("removing-temp")
         storage.delete_tree(temp)
     except Exception as e:  # published; a leftover temp folder is removed by the next run
         logging.warning("Published, but could not remove %s (%s); the next run removes it",
-                        temp, storage.failure_summary(e) or e)
+                        temp, failure_summary(e) or _first_line(e))
+
+
+def _first_line(error: BaseException) -> str:
+    """``Type: first line of the message``: a warning stays one line."""
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__

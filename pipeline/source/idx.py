@@ -195,18 +195,31 @@ class IdxStream:
                 "has more bytes")
 
 
+def _check_rows_match_header(stream: IdxStream, rows: int) -> None:
+    """Reads ``stream`` to its end, ``rows`` at a time: a file whose data is
+    shorter or longer than its header promises is named (`IdxStream`), so a
+    count that disagrees with the other file's blames the file that lies."""
+    while stream.read_rows(rows).shape[0]:
+        pass
+    stream.check_end()
+
+
 def stream_split(images_raw, labels_raw, images_origin: str, labels_origin: str,
                  rows: int):
     """Both files of a split, streamed: (first index, images [n, 28, 28], labels [n] int64).
 
     The checks of `check_split` run on the headers before any row is read,
-    and per block on the labels.
+    and per block on the labels. When the headers' counts differ, both files
+    are read to their ends first, so a file holding fewer or more rows than
+    its own header says is the one named.
     """
     images = IdxStream(images_raw, IMAGES_MAGIC, images_origin)
     labels = IdxStream(labels_raw, LABELS_MAGIC, labels_origin)
     empty_images = np.zeros((0,) + tuple(images.row_shape), np.uint8)
     check_split(empty_images, np.zeros(0, np.uint8), images_origin, labels_origin)
     if images.dims[0] != labels.dims[0]:
+        _check_rows_match_header(images, rows)
+        _check_rows_match_header(labels, rows)
         raise PipelineInputError(f"{labels_origin}: {labels.dims[0]} labels for "
                                  f"{images.dims[0]} images in {images_origin}")
     for start in range(0, images.dims[0], rows):

@@ -40,3 +40,33 @@ def test_a_usage_error_is_one_line_and_exit_status_2(argv, line, capsys):
         parser().parse_args(argv)
     assert stopped.value.code == 2
     assert capsys.readouterr().err.splitlines() == [line]
+
+
+def test_a_flag_given_twice_is_refused_in_one_line(capsys):
+    for argv in (["--data=x", "--data=y"], ["--data", "x", "--epochs=2", "--data=y"]):
+        with pytest.raises(SystemExit) as stopped:
+            parser().parse_args(argv)
+        assert stopped.value.code == 2
+        [line] = capsys.readouterr().err.splitlines()
+        assert line.startswith("error: --data given twice (--data"), line
+        assert line.endswith("; give each flag once (see --help)"), line
+
+
+def test_a_flag_that_collects_its_occurrences_may_repeat_and_after_dashes_is_no_flag():
+    p = OneLineParser(prog="prog", allow_abbrev=False)
+    p.add_argument("--experiments", action="append", default=[])
+    p.add_argument("--verbose", "-v", action="count", default=0)
+    p.add_argument("rest", nargs="*")
+    args = p.parse_args(["--experiments=a", "--experiments=b", "-v", "--verbose", "--",
+                         "--experiments=c", "x"])
+    assert (args.experiments, args.verbose, args.rest) == (["a", "b"], 2, ["--experiments=c",
+                                                                            "x"])
+
+
+def test_a_flag_given_twice_by_two_of_its_names_is_refused(capsys):
+    p = OneLineParser(prog="prog", allow_abbrev=False)
+    p.add_argument("--seed", "-s", type=int)
+    with pytest.raises(SystemExit):
+        p.parse_args(["-s", "1", "--seed=2"])
+    assert capsys.readouterr().err == (
+        "error: --seed given twice (-s, then --seed=2); give each flag once (see --help)\n")

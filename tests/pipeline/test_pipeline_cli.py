@@ -51,6 +51,16 @@ def test_abbreviated_flag_is_refused(tmp_path, capsys, abbreviation, meant):
     assert not out.exists()
 
 
+def test_a_job_flag_given_twice_is_refused(tmp_path, capsys):
+    """``--output`` twice: refused, where the last one used to win silently."""
+    first, second = tmp_path / "a", tmp_path / "b"
+    assert main(["--source=sample", f"--output={first}", f"--output={second}"]) == 2
+    lines, err = error_lines(capsys)
+    assert lines == [f"error: --output given twice (--output={first}, then "
+                     f"--output={second}); give each flag once (see --help)"], err
+    assert not first.exists() and not second.exists()
+
+
 def test_unknown_runner_is_one_line(tmp_path, capsys):
     assert main(["--source=sample", f"--output={tmp_path}/out", "--runner=NoSuchRunner"]) == 2
     lines, err = error_lines(capsys)

@@ -159,6 +159,12 @@ def _corrupt(folder, digits, case):
     if case == "count mismatch":
         write_idx_split(folder, "train", images, labels[:-1])
         return "train-labels-idx1-ubyte.gz: 359 labels for 360 images"
+    if case == "images header over":  # the images header claims one more than it holds
+        raw = bytearray(idx.encode_idx(images))
+        raw[4:8] = (len(images) + 1).to_bytes(4, "big")
+        write_idx_split(folder, "train", images, labels, images_bytes=gzip.compress(raw))
+        return ("train-images-idx3-ubyte.gz: IDX header promises (361, 28, 28) but the "
+                "data ends 784 bytes early")
     if case == "label out of range":
         bad = labels.copy()
         bad[5] = 10
@@ -171,8 +177,8 @@ def _corrupt(folder, digits, case):
 
 
 @pytest.mark.parametrize("case", ["missing file", "wrong magic", "truncated gz",
-                                  "count mismatch", "label out of range",
-                                  "image not 28x28"])
+                                  "count mismatch", "images header over",
+                                  "label out of range", "image not 28x28"])
 def test_bad_input_is_one_line_and_output_untouched(tmp_path, idx_dir, digits,
                                                     capsys, case):
     out = tmp_path / "out"

@@ -54,6 +54,11 @@ def test_stream_reads_only_as_far_as_it_has_yielded():
     ("short", "i: IDX header promises (20, 28, 28) but the data ends 784 bytes early"),
     ("label", "l: label 12 at index 13 is outside 0-9"),
     ("count", "l: 19 labels for 20 images in i"),
+    ("images header over", "i: IDX header promises (21, 28, 28) but the data ends 784 "
+                           "bytes early"),
+    ("labels header over", "l: IDX header promises (21,) but the data ends 1 bytes early"),
+    ("images header under", "i: IDX header promises (19, 28, 28) but the file has more "
+                            "bytes"),
 ])
 def test_stream_errors_name_the_file(case, message):
     images = np.zeros((20, 28, 28), np.uint8)
@@ -70,6 +75,14 @@ def test_stream_errors_name_the_file(case, message):
         labels_gz = _gz(labels)
     elif case == "count":
         labels_gz = _gz(labels[:-1])
+    elif case.endswith("header over") or case.endswith("header under"):
+        claimed = 21 if case.endswith("over") else 19
+        raw = bytearray(idx.encode_idx(images if case.startswith("images") else labels))
+        raw[4:8] = claimed.to_bytes(4, "big")
+        if case.startswith("images"):
+            images_gz = gzip.compress(bytes(raw), mtime=0)
+        else:
+            labels_gz = gzip.compress(bytes(raw), mtime=0)
     with pytest.raises(PipelineInputError) as error:
         list(idx.stream_split(io.BytesIO(images_gz), io.BytesIO(labels_gz), "i", "l",
                               rows=6))

@@ -111,6 +111,18 @@ def test_abbreviated_flag_is_refused(dataset, capsys, tmp_path):
     assert not (tmp_path / "preview.png").exists()
 
 
+def test_a_flag_given_twice_is_refused(dataset, capsys, tmp_path):
+    """``--preview`` twice: one line, exit 2, nothing drawn (the last one used to win)."""
+    first, second = tmp_path / "a.png", tmp_path / "b.png"
+    with pytest.raises(SystemExit) as stopped:
+        main([str(dataset), f"--preview={first}", f"--preview={second}"])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: --preview given twice (--preview={first}, then --preview={second}); "
+        "give each flag once (see --help)"]
+    assert not first.exists() and not second.exists()
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
 def test_a_signal_while_verifying_is_one_line(dataset, tmp_path, signum):
     """Held before its second shard (`pipeline.faults`), verify gets the signal."""

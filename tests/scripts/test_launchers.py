@@ -80,6 +80,21 @@ def test_dataflow_command_has_what_a_real_run_needs(tmp_path):
     assert build[build.index("--wheel-dir") + 1] == str(tmp_path)
 
 
+def test_a_repeatable_flag_may_repeat_and_another_may_not(tmp_path, capsys):
+    """--experiments collects every value (its action appends); --project twice
+    is one line, exit 2, before anything is built."""
+    _, (_, run) = dataflow_plan("--experiments=a", "--experiments=b", dist_dir=tmp_path)
+    assert [a for a in run if a.startswith("--experiments=")] == [
+        "--experiments=a", "--experiments=b"]
+    with pytest.raises(SystemExit) as stopped:
+        dataflow_plan("--project=other", dist_dir=tmp_path)
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err == ("error: --project given twice (--project=proj-1, "
+                                       "then --project=other); give each flag once "
+                                       "(see --help)\n")
+    assert not list(tmp_path.iterdir())
+
+
 def test_beam_reads_the_dataflow_flags_and_stages_the_wheel(tmp_path):
     from apache_beam.options.pipeline_options import (
         DebugOptions, GoogleCloudOptions, PipelineOptions, SetupOptions,
@@ -299,7 +314,7 @@ def test_run_local_runs_pipeline_then_trainer(tmp_path, loop):
     calls = [c for c in log.read_text().splitlines()
              if not c.startswith("TF_CPP")]
     trainer_flags = [f"--data={data}", f"--model_dir={model}", "--preset=cpu",
-                     f"--loop={loop}", "--epochs=20", "--epochs=1"]
+                     f"--loop={loop}", "--epochs=1"]  # the argument's, not EPOCHS
     assert calls[0].split() == ["scripts/check_trainer_flags.py", *trainer_flags]
     assert calls[1].split() == [  # DATA is new: nothing to overwrite
         "-m", "pipeline", "--source=sample", f"--output={data}", "--runner=DirectRunner"]

@@ -58,3 +58,32 @@ def test_bad_trainer_flags_change_nothing(checkout, tmp_path):
     assert result.stderr.splitlines() == [
         "error: trainer flags: --epochs must be >= 1, not 0"]
     assert tree(tmp_path) == before
+
+
+def test_trainer_flags_given_as_arguments_replace_the_scripts_own(checkout, tmp_path):
+    """The trainer refuses a flag given twice: ``--epochs`` and ``--preset``
+    given to the script replace its own; ``--data``, ``--model_dir`` and
+    ``--loop`` are its settings (DATA, MODEL_DIR, LOOP), refused as arguments."""
+    assert run_local(checkout, None, "--epochs=3", "--preset=smoke").returncode == 0
+    [train] = [c for c in calls(tmp_path) if c.startswith("-m trainer")]
+    flags = train.split()[2:]
+    assert [f for f in flags if f.startswith(("--epochs", "--preset"))] == [
+        "--epochs=3", "--preset=smoke"], train
+    before = tree(tmp_path)
+    for flag, setting in [("--loop=custom", "LOOP"), ("--data=x", "DATA"),
+                          ("--model_dir", "MODEL_DIR")]:
+        result = run_local(checkout, None, "--epochs=3", flag)
+        assert result.returncode == 2, result.stderr
+        assert result.stderr.splitlines() == [
+            f"error: {flag.split('=')[0]}: set {setting}=... instead (this script's own "
+            "setting)"]
+    assert tree(tmp_path) == before
+
+
+def test_real_trainer_flags_given_twice_change_nothing(checkout, tmp_path):
+    result = run_local(checkout, None, "--seed=1", "--seed=2", real=True)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.splitlines() == [
+        "error: trainer flags: --seed given twice (--seed=1, then --seed=2); give each flag "
+        "once (see --help)"]
+    assert not pipeline_calls(tmp_path)

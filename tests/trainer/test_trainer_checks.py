@@ -16,6 +16,7 @@ import tensorflow as tf
 
 import mnist_contract as contract
 from tests import trainer_data
+from tests.helpers import with_defaults
 from trainer import __main__ as cli
 from trainer.data import checks, input_pipeline, splits
 from trainer.errors import TrainerError
@@ -30,7 +31,7 @@ def shard(out: str, split: str, index: int, of: int) -> str:
 
 
 def run(out: str, model_dir: str, *flags: str) -> int:
-    return cli.main([f"--data={out}", f"--model_dir={model_dir}", *TRAIN, *flags])
+    return cli.main([f"--data={out}", f"--model_dir={model_dir}", *with_defaults(TRAIN, flags)])
 
 
 def one_error(capsys) -> str:

@@ -354,6 +354,10 @@ def test_the_bare_command_trains_the_cpu_recipe_off_a_tpu(trainer_dataset, tmp_p
     # No abbreviations: --res would be --restart, which deletes the checkpoints.
     (["--res"], "unrecognized arguments: --res; did you mean --restart, not --res?"),
     (["--epoch=2"], "unrecognized arguments: --epoch=2; did you mean --epochs, not --epoch?"),
+    # A flag given twice: the last value used to win silently.
+    (["--epochs=2", "--epochs=3"], "--epochs given twice (--epochs=2, then --epochs=3)"),
+    (["--cache", "--cache=false"], "--cache given twice (--cache, then --cache=false)"),
+    (["--model_dir=n"], "--model_dir given twice (--model_dir=m, then --model_dir=n)"),
 ])
 def test_bad_flags_are_usage_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:

@@ -189,7 +189,52 @@ def test_the_bound_is_a_fraction_of_the_host_memory(caplog):
     files = split(ram_dir(), num_train=16, train_shards=2)
     with caplog.at_level(logging.INFO, logger=LOGGER):
         memory_stream(files, 8, context(1, 0, 1))
-    assert f"({in_memory.MEMORY_FRACTION:g} of this host's " in caplog.text
+    assert f"({in_memory.MEMORY_FRACTION:g} of this host's memory, " in caplog.text
+
+
+def _cgroups(root, proc_lines, limits):
+    """A fake cgroup tree under ``root``: ``limits`` maps file paths below it
+    to their content; ``proc_lines`` is this process's /proc/self/cgroup."""
+    for name, text in limits.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text + "\n")
+    (root / "proc-cgroup").write_text("".join(f"{line}\n" for line in proc_lines))
+
+
+@pytest.mark.parametrize("proc_lines, limits, expected", [
+    (["0::/pod/c1"], {"pod/c1/memory.max": "max", "pod/memory.max": "2147483648"},
+     2147483648),  # v2: the pod's limit over the container's none
+    (["0::/"], {"memory.max": "1073741824"}, 1073741824),  # v2 inside a cgroup namespace
+    (["4:memory:/docker/x", "0::/"],
+     {"memory/docker/x/memory.limit_in_bytes": "536870912",
+      "memory/memory.limit_in_bytes": "9223372036854771712"}, 536870912),  # v1
+    (["4:memory:/a", "0::/a"], {"unified/a/memory.max": "300000000",
+                                "memory/a/memory.limit_in_bytes": "400000000"}, 300000000),
+    (["4:memory:/a", "0::/a"], {"memory/a/memory.limit_in_bytes": "9223372036854771712"},
+     None),  # no limit anywhere
+    (["1:cpu:/a"], {}, None),
+])
+def test_the_cgroup_memory_limit_is_the_lowest_on_the_way_up(tmp_path, monkeypatch,
+                                                            proc_lines, limits, expected):
+    _cgroups(tmp_path, proc_lines, limits)
+    monkeypatch.setattr(in_memory, "CGROUP_ROOT", str(tmp_path))
+    monkeypatch.setattr(in_memory, "PROC_CGROUP", str(tmp_path / "proc-cgroup"))
+    assert in_memory.cgroup_memory_limit() == expected
+
+
+def test_a_container_limit_below_the_hosts_memory_bounds_the_share(tmp_path, monkeypatch,
+                                                                  caplog):
+    """A pod limited to 4 KB on a host of gigabytes: 16 examples (12.8 KB
+    decoded) are over a quarter of the limit, so they are streamed, and the
+    log names the limit (the host's memory would have held them)."""
+    _cgroups(tmp_path, ["0::/pod"], {"pod/memory.max": "4096"})
+    monkeypatch.setattr(in_memory, "CGROUP_ROOT", str(tmp_path))
+    monkeypatch.setattr(in_memory, "PROC_CGROUP", str(tmp_path / "proc-cgroup"))
+    files = split(ram_dir(), num_train=16, train_shards=2)
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        memory_stream(files, 8, context(1, 0, 1))
+    assert ("over the in-memory bound of 0.0 MB (0.25 of this process's cgroup memory "
+            "limit, 0.0 MB): streamed from the files") in caplog.text
 
 
 def test_a_bad_record_is_named_when_the_share_is_decoded(tmp_path, capsys):

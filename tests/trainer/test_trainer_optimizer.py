@@ -138,3 +138,25 @@ def test_both_loops_decay_the_kernels(trainer_dataset, tmp_path, loop):
     for name in kernels:
         ratio = np.linalg.norm(got[name]) / np.linalg.norm(want[name])
         assert ratio == pytest.approx(0.9 ** 8, rel=0.05), name
+
+
+@pytest.mark.parametrize("warmup_epochs, warned, at_half", [
+    (0.5, False, 7.5e-4),  # 4 warmup steps, then a third of the cosine decay
+    (2.0, False, 5e-4),  # the whole run: the peak at its last step
+    (3.0, True, 5e-4),   # longer than the run: cut to it, and said so
+])
+def test_a_warmup_longer_than_the_run_is_cut_to_it_with_a_warning(caplog, warmup_epochs,
+                                                                 warned, at_half):
+    from trainer.config import TrainConfig
+    from trainer.model import models
+    config = TrainConfig(data="d", model_dir="m", epochs=2, lr_schedule="cosine",
+                         warmup_epochs=warmup_epochs)
+    rate = optimizer_lib.learning_rate_schedule(1e-3, "cosine", 16,
+                                                models.warmup_steps(config, 16))
+    assert float(rate(8)) == pytest.approx(at_half)
+    if warmup_epochs >= 2:
+        assert float(rate(16)) == pytest.approx(1e-3)
+    warnings = [r.getMessage() for r in caplog.records if "longer than the run" in r.getMessage()]
+    assert warnings == ([f"--warmup_epochs=3 (24 steps) is longer than the run's 16 steps: the "
+                         "warmup is cut to the run, and the learning rate reaches "
+                         "--learning_rate=0.001 only at its last step"] if warned else [])

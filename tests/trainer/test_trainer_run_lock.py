@@ -92,6 +92,27 @@ def test_dead_holder_is_taken_over(model_dir, caplog, holder):
     assert "taking over the lock of run old" in caplog.text
 
 
+def test_a_live_holder_on_this_host_wins_over_dead_hosts(model_dir, monkeypatch, caplog):
+    """``MNIST_LOCK_DEAD_HOSTS`` naming this host (set by hand) does not take
+    the lock of a holder whose pid lives here (this test's own process)."""
+    monkeypatch.setenv(storage_lock.DEAD_HOSTS_ENV, f"other,{socket.gethostname()}")
+    write_lock(model_dir)
+    with pytest.raises(TrainerError, match=f"in use by run old .*pid {os.getpid()},"):
+        run_lock.acquire(model_dir)
+    assert f"but pid {os.getpid()} lives on it: the lock is not taken over" in caplog.text
+
+
+@pytest.mark.parametrize("holder", [
+    dict(pid=999_999_999),  # this host, pid gone
+    dict(host="gone-vm"),  # another host, named as gone
+])
+def test_dead_hosts_still_take_over_a_dead_holder(model_dir, monkeypatch, caplog, holder):
+    monkeypatch.setenv(storage_lock.DEAD_HOSTS_ENV, f"gone-vm,{socket.gethostname()}")
+    write_lock(model_dir, **holder)
+    run_lock.acquire(model_dir).release()
+    assert "taking over the lock of run old" in caplog.text
+
+
 def test_live_holder_elsewhere_is_not_taken_over(model_dir):
     write_lock(model_dir, host="elsewhere")
     with pytest.raises(TrainerError, match="in use by run old"):
@@ -224,8 +245,10 @@ def test_gs_lock_failures_are_one_line_in_bounded_time(gcs_emulator, monkeypatch
 
 @pytest.mark.slow
 def test_two_trainers_on_one_model_dir(tmp_path):
-    """The second, started while the first trains, exits 1 with one line; the
-    first finishes and its results are the ones on disk."""
+    """The second, started while the first trains, exits 1 with one line, and
+    so does a third told by ``MNIST_LOCK_DEAD_HOSTS`` that this host is gone
+    (the first's pid lives here); the first finishes and its results are the
+    ones on disk."""
     data = str(tmp_path / "data")
     trainer_data.write_dataset(data, num_train=64, num_test=16, train_shards=2,
                                test_shards=1)
@@ -236,13 +259,14 @@ def test_two_trainers_on_one_model_dir(tmp_path):
         while not os.path.exists(f"{model_dir}/{storage_lock.LOCK_FILE}"):
             assert first.poll() is None, first.communicate()
             time.sleep(0.01)
-        second = start(data, model_dir, *flags)
-        out, err = second.communicate(timeout=300)
-        assert first.poll() is None, "the first run ended before the second was refused"
-        assert second.returncode == 1, out + err
-        (line,) = errors(err)
-        assert line.startswith(f"error: {model_dir}: in use by run ") and HOLDER.search(line)
-        assert f"pid {first.pid}," in line
+        for env in ({}, {storage_lock.DEAD_HOSTS_ENV: socket.gethostname()}):
+            second = start(data, model_dir, *flags, env=env)
+            out, err = second.communicate(timeout=300)
+            assert first.poll() is None, "the first run ended before the second was refused"
+            assert second.returncode == 1, out + err
+            (line,) = errors(err)
+            assert line.startswith(f"error: {model_dir}: in use by run ") and HOLDER.search(line)
+            assert f"pid {first.pid}," in line
         out, err = first.communicate(timeout=600)
         assert first.returncode == 0, err[-3000:]
     finally:

@@ -259,3 +259,38 @@ def test_a_signal_once_the_lock_is_taken_releases_it(tmp_path, signum):
     assert "Traceback" not in err, err[-3000:]
     assert err.strip().splitlines()[-1].startswith(f"{NAMES[signum]} received"), err[-2000:]
     assert not os.path.exists(lock)
+
+
+def _stderr_redirected(pid: int, ours: str) -> bool:
+    """Whether ``pid``'s fd 2 is no longer ``ours`` (the pipe it was started
+    with): the quiet start-up's capture (`mnist_common.console.tensorflow_start`)."""
+    try:
+        return os.readlink(f"/proc/{pid}/fd/2") != ours
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads /proc/PID/fd")
+@pytest.mark.parametrize("signum", list(NAMES))
+def test_a_signal_while_tensorflow_starts_is_one_line_on_the_real_stderr(tmp_path, signum):
+    """Sent once the start-up has redirected fd 2 (TensorFlow's import): the
+    line reaches the stderr the trainer was given, 128 + N. The wait for the
+    redirection polls with no time bound but the process's own life."""
+    data, model_dir = str(tmp_path / "data"), str(tmp_path / "m")
+    trainer_data.write_dataset(data, num_train=64, num_test=16, train_shards=1,
+                               test_shards=1)
+    proc = start(data, model_dir, "--epochs=40")
+    try:
+        ours = os.readlink(f"/proc/{proc.pid}/fd/2")
+        while not _stderr_redirected(proc.pid, ours):
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.002)
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signum, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert len([line for line in err.splitlines()
+                if line.startswith(f"{NAMES[signum]} received")]) == 1, err[-3000:]

@@ -1,5 +1,6 @@
-"""A ``TF_CONFIG`` that does not place this process in its cluster, or whose
-peers do not start: one line, exit 1.
+"""A ``TF_CONFIG`` that is malformed or does not place this process in its
+cluster: one line naming it, exit 2 (bad input); one whose peers do not
+start: one line, exit 1.
 
 TensorFlow itself raises a bare ``ValueError`` (a traceback) for a missing
 task, an index past its type's list or a type not in the cluster, and runs
@@ -38,6 +39,8 @@ CLUSTER = '"cluster": {"worker": ["localhost:12345"]}'
     ("[1,2]", 'TF_CONFIG: needs {"cluster": {TYPE: ["host:port", ...]}'),
     ('{"cluster": {"worker": []}, "task": {"type": "worker", "index": 0}}',
      'TF_CONFIG: needs {"cluster"'),
+    ("{%s" % CLUSTER, "TF_CONFIG is not valid JSON (Expecting"),
+    ("null", 'TF_CONFIG: needs {"cluster"'),
 ])
 @pytest.mark.parametrize("strategy", ["auto", "multi_worker"])
 def test_a_task_outside_the_cluster_is_one_line(trainer_dataset, tmp_path, monkeypatch,
@@ -48,9 +51,21 @@ def test_a_task_outside_the_cluster_is_one_line(trainer_dataset, tmp_path, monke
     code = main([f"--data={data}", f"--model_dir={tmp_path / 'model'}", "--preset=smoke",
                  f"--strategy={strategy}", "--epochs=1"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 1, err
+    assert code == 2, err
+    assert [line for line in err if line.startswith("error: ")] == [err[-1]], err
     assert err[-1].startswith(f"error: {message}"), err[-1]
     assert not (tmp_path / "model").exists()
+
+
+def test_multi_worker_without_tf_config_is_bad_input(trainer_dataset, tmp_path, monkeypatch,
+                                                     capsys):
+    monkeypatch.delenv("TF_CONFIG", raising=False)
+    data = trainer_dataset(num_train=64, num_test=16)
+    code = main([f"--data={data}", f"--model_dir={tmp_path / 'model'}", "--preset=smoke",
+                 "--strategy=multi_worker", "--epochs=1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert (code, err[-1]) == (2, "error: --strategy=multi_worker needs TF_CONFIG (cluster "
+                                  "spec and this task) in the environment"), err
 
 
 def test_a_well_formed_tf_config_passes_the_check():

@@ -14,7 +14,7 @@ import sys
 
 import tensorflow as tf
 
-from tests.helpers import REPO
+from tests.helpers import REPO, with_defaults
 from trainer import __main__ as cli
 from trainer.run import checkpoints, outputs
 
@@ -23,17 +23,20 @@ FLAGS = ["--preset=smoke", "--global_batch_size=8", "--steps_per_execution=2",
 
 
 def run(data: str, model_dir: str, *flags: str) -> int:
-    """``python -m trainer`` in this process; returns the exit status."""
-    return cli.main([f"--data={data}", f"--model_dir={model_dir}", *FLAGS, *flags])
+    """``python -m trainer`` in this process; returns the exit status. ``flags``
+    replace the `FLAGS` of the same name."""
+    return cli.main([f"--data={data}", f"--model_dir={model_dir}",
+                     *with_defaults(FLAGS, flags)])
 
 
 def start(data: str, model_dir: str, *flags: str, env: dict = None) -> subprocess.Popen:
     """``python -m trainer`` as a process (stdout and stderr piped, text);
-    ``env``: variables to add to this process's."""
+    ``flags`` replace the `FLAGS` of the same name; ``env``: variables to add
+    to this process's."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
     return subprocess.Popen(
         [sys.executable, "-m", "trainer", f"--data={data}", f"--model_dir={model_dir}",
-         *FLAGS, *flags],
+         *with_defaults(FLAGS, flags)],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

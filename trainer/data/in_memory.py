@@ -1,7 +1,8 @@
 """The training stream of a split held in memory: decoded arrays, batches by permutation.
 
 With ``--cache``, an input pipeline whose share of the train split fits the
-memory bound (`fits_in_memory`) decodes that share once into uint8 arrays
+memory bound (`fits_in_memory`: a share of the host's memory, or of a lower
+cgroup limit, `available_memory`) decodes that share once into uint8 arrays
 (`trainer.data.input_pipeline.decode_share`) and draws every batch from them
 with ``tf.gather``: no records are read, shuffled or parsed after the start.
 
@@ -23,7 +24,7 @@ batch (`row_batches`) and gathers them from the decoded arrays (`gather`).
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from typing import Mapping, Optional
 
 import numpy as np
 
@@ -40,9 +41,62 @@ BYTES_PER_EXAMPLE = int(np.prod(contract.IMAGE_SHAPE)) + 8 + 8
 _ENDLESS = np.iinfo(np.int64).max
 
 
+# Where this process's cgroups are listed, and where the cgroup file systems are.
+PROC_CGROUP = "/proc/self/cgroup"
+CGROUP_ROOT = "/sys/fs/cgroup"
+# cgroup v1 writes "no limit" as a number near 2**63.
+_NO_LIMIT = 1 << 60
+
+
 def host_memory_bytes() -> int:
-    """This host's physical memory (the bound's base)."""
+    """This host's physical memory."""
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def available_memory() -> tuple[int, str]:
+    """The memory the bound is a share of, and what it is: this host's
+    physical memory, or the lower memory limit of this process's cgroup (a
+    container's, a Kubernetes pod's), past which the process is killed."""
+    host, limit = host_memory_bytes(), cgroup_memory_limit()
+    if limit is not None and limit < host:
+        return limit, "this process's cgroup memory limit"
+    return host, "this host's memory"
+
+
+def cgroup_memory_limit() -> Optional[int]:
+    """The lowest memory limit on this process's cgroup or an ancestor
+    (cgroup v2 ``memory.max``, v1 ``memory.limit_in_bytes``); None where none
+    is set or none can be read (no cgroup file system, not Linux)."""
+    try:
+        with open(PROC_CGROUP) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    limits = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if not controllers:  # v2; on a hybrid host mounted at unified/
+            places = [(CGROUP_ROOT, "memory.max"),
+                      (os.path.join(CGROUP_ROOT, "unified"), "memory.max")]
+        elif "memory" in controllers.split(","):
+            places = [(os.path.join(CGROUP_ROOT, "memory"), "memory.limit_in_bytes")]
+        else:
+            continue
+        parts = [part for part in path.split("/") if part]
+        for base, name in places:  # the cgroup, its ancestors, the mount's own root
+            for depth in range(len(parts), -1, -1):
+                limits.append(_read_limit(os.path.join(base, *parts[:depth], name)))
+    return min((limit for limit in limits if limit is not None), default=None)
+
+
+def _read_limit(path: str) -> Optional[int]:
+    """A cgroup memory limit file's bytes; None if absent, unreadable or no limit."""
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() and int(text) < _NO_LIMIT else None
 
 
 def memory_bound(host_bytes: int) -> int:

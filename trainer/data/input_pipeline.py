@@ -245,9 +245,9 @@ def _holds_in_memory(split: SplitFiles, ctx: tf.distribute.InputContext,
     share = pipeline_example_counts(split.counts, ctx.num_input_pipelines)[
         ctx.input_pipeline_id]
     if memory_bound is None:
-        host = in_memory.host_memory_bytes()
-        memory_bound = in_memory.memory_bound(host)
-        origin = f"{in_memory.MEMORY_FRACTION:g} of this host's {_size(host)}"
+        memory, what = in_memory.available_memory()
+        memory_bound = in_memory.memory_bound(memory)
+        origin = f"{in_memory.MEMORY_FRACTION:g} of {what}, {_size(memory)}"
     else:
         origin = "as given"
     fits = in_memory.fits_in_memory(share, memory_bound)

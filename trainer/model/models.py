@@ -25,6 +25,7 @@ the uint8 → [0, 1] step so that served models take raw pixels.
 from __future__ import annotations
 
 import contextlib
+import logging
 from typing import Callable, Iterator, Optional
 
 import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
@@ -39,6 +40,8 @@ from trainer.model.dropout import StepDropout
 from trainer.model.loss import TrainLoss
 from trainer.model.optimizer import build_optimizer, make_optimizer
 from trainer.names import MODELS, PRECISIONS
+
+log = logging.getLogger(__name__)
 
 # (conv filters, conv filters, dense units, dense units)
 GUIDE_WIDTHS = {
@@ -157,6 +160,20 @@ def build_model(name: str = "small", *, augment: bool = False,
         name=f"mnist_{name}")
 
 
+def warmup_steps(config: TrainConfig, total_steps: int) -> int:
+    """`TrainConfig.warmup_for`, with a warning when the warmup is longer than
+    the run: the schedule cuts it to the run (`trainer.model.optimizer`), so
+    the learning rate reaches its peak only at the last step and never decays."""
+    warmup = config.warmup_for(total_steps)
+    if warmup > total_steps:
+        flag = (f"--warmup_epochs={config.warmup_epochs:g} ({warmup} steps)"
+                if config.warmup_epochs else f"--warmup_steps={warmup}")
+        log.warning("%s is longer than the run's %d steps: the warmup is cut to the run, "
+                    "and the learning rate reaches --learning_rate=%g only at its last step",
+                    flag, total_steps, config.learning_rate)
+    return warmup
+
+
 def build(config: TrainConfig, strategy: tf.distribute.Strategy,
           total_steps: int) -> tuple[keras.Model, keras.optimizers.Optimizer]:
     """The model and its optimizer, inside ``strategy.scope()``.
@@ -167,7 +184,7 @@ def build(config: TrainConfig, strategy: tf.distribute.Strategy,
     """
     with strategy.scope():
         optimizer = make_optimizer(config.learning_rate, config.lr_schedule,
-                                   total_steps, config.warmup_for(total_steps),
+                                   total_steps, warmup_steps(config, total_steps),
                                    config.optimizer, config.weight_decay)
         model = build_model(config.model, augment=config.augment,
                             step=lambda: optimizer.iterations, dropout=config.dropout,

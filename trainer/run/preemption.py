@@ -128,8 +128,12 @@ class ProcessSignals:
         """Prints ``message``, runs the cleanups (newest first), exits 128 + ``signum``.
 
         ``os._exit``: unwinding (an exception) would pass through whatever
-        TensorFlow is doing; the cleanups are what must not be skipped.
+        TensorFlow is doing; the cleanups are what must not be skipped. A
+        signal while TensorFlow starts finds fd 2 captured
+        (`mnist_common.console.tensorflow_start`): it is put back first, so
+        the line reaches the real stderr.
         """
+        console.end_capture()
         os.write(2, f"{message}\n".encode())  # a print could re-enter an interrupted one
         for cleanup in reversed(self.cleanups):
             try:
