@@ -4,6 +4,7 @@ when the run sleeps, and every wait the run asked for recorded."""
 
 from __future__ import annotations
 
+from tests.helpers import with_defaults
 from tests.scripts.launch_helpers import tpu_plan
 
 import spot_decide as sd  # noqa: E402  (scripts/ is on the path: launch_helpers)
@@ -63,7 +64,7 @@ class ScriptedCloud:
 def loop(cloud, tmp_path, *flags, events=None, sleeps=None, out=None):
     """The run's exit status and what it printed. ``sleeps`` gets each wait
     it asked for; ``out``: a stream for its lines instead of a file."""
-    cfg, _ = tpu_plan("run", "--poll_seconds=1", "--retry_seconds=30", *flags)
+    cfg, _ = tpu_plan("run", *with_defaults(["--poll_seconds=1", "--retry_seconds=30"], flags))
     cfg.events = events
     now = [0.0]
 
