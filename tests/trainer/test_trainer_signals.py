@@ -237,6 +237,20 @@ def test_a_second_signal_while_tensorflow_traces_is_one_line(tmp_path, signum):
     assert lines.stderr[-1].startswith(f"{NAMES[signum]} received"), lines.stderr[-1]
 
 
+def signal_once_ready(proc, signum, ready):
+    """Sends ``signum`` once ``ready()`` holds (polled with no time bound but
+    the process's own life); returns its (stdout, stderr). 120 s bounds a hang
+    after the signal: the stop takes seconds on a quiet machine."""
+    try:
+        while not ready():
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.002)
+        proc.send_signal(signum)
+        return proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", list(NAMES))
 def test_a_signal_once_the_lock_is_taken_releases_it(tmp_path, signum):
@@ -247,14 +261,7 @@ def test_a_signal_once_the_lock_is_taken_releases_it(tmp_path, signum):
                                test_shards=1)
     proc = start(data, model_dir, "--epochs=40")
     lock = f"{model_dir}/{storage_lock.LOCK_FILE}"
-    try:
-        while not os.path.exists(lock):
-            assert proc.poll() is None, proc.communicate()
-            time.sleep(0.005)
-        proc.send_signal(signum)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
+    _, err = signal_once_ready(proc, signum, lambda: os.path.exists(lock))
     assert proc.returncode == 128 + signum, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     assert err.strip().splitlines()[-1].startswith(f"{NAMES[signum]} received"), err[-2000:]
@@ -281,15 +288,8 @@ def test_a_signal_while_tensorflow_starts_is_one_line_on_the_real_stderr(tmp_pat
     trainer_data.write_dataset(data, num_train=64, num_test=16, train_shards=1,
                                test_shards=1)
     proc = start(data, model_dir, "--epochs=40")
-    try:
-        ours = os.readlink(f"/proc/{proc.pid}/fd/2")
-        while not _stderr_redirected(proc.pid, ours):
-            assert proc.poll() is None, proc.communicate()
-            time.sleep(0.002)
-        proc.send_signal(signum)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
+    ours = os.readlink(f"/proc/{proc.pid}/fd/2")
+    _, err = signal_once_ready(proc, signum, lambda: _stderr_redirected(proc.pid, ours))
     assert proc.returncode == 128 + signum, err[-3000:]
     assert "Traceback" not in err, err[-3000:]
     assert len([line for line in err.splitlines()
