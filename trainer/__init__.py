@@ -29,14 +29,16 @@ combination and gets the expected gain from folding many steps into one
 Keras flavour is chosen for it.
 
 The environment variable must be set before the first ``import tensorflow``
-in the process, which is why it happens here, at the top of the package, and
-why every module of the package imports ``trainer`` first (any
-``trainer.x`` import runs this file before ``x``).
+in the process (`mnist_common.console.use_tf_keras`). Each program calls it
+where it starts (``python -m trainer``, ``python -m trainer.predict``, the
+benchmarks, the notebook, the tests' conftest.py), and this file calls it
+too: Python runs it before any ``trainer.x`` module, so every module of the
+package that imports TensorFlow gets tf-keras, whoever imports it.
 
 Importing the package never imports Apache Beam, nor the `pipeline` package:
 what it shares with the conversion job is the neutral `mnist_contract`.
 """
 
-import os
+from mnist_common import console
 
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+console.use_tf_keras()

@@ -12,7 +12,6 @@ import functools
 import time
 from typing import Callable, Sequence
 
-import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tf_keras as keras
 
 import mnist_contract as contract

@@ -28,7 +28,6 @@ import contextlib
 import logging
 from typing import Callable, Iterator, Optional
 
-import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 import tf_keras as keras
 

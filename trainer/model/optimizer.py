@@ -14,7 +14,6 @@ is end-of-life).
 
 from __future__ import annotations
 
-import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 import tf_keras as keras
 

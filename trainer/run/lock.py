@@ -15,7 +15,6 @@ from __future__ import annotations
 import time
 import uuid
 
-import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 
 from mnist_common import storage_errors, storage_lock
