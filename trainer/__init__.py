@@ -8,14 +8,13 @@ The flow, one folder or module per step:
     model/                   models, optimizer and schedule, augmentation, export
     loop/                    the controller (outer loop), the Keras and custom inner
                              loops, the evaluator, TensorBoard summaries
-    run/                     the model_dir's safety: layout and commit, lock, dataset
-                             pin, checkpoint repair, resume checks, preemption
+    run/                     every check before anything is written (`preflight`),
+                             then the model_dir's safety: layout and commit, lock,
+                             dataset pin, checkpoint repair, resume checks, preemption
     predict                  ``python -m trainer.predict``: the export on PNGs or a split
 
-Beside them: `preflight` (every check before anything is written),
-`strategy` (TPU, Mirrored, MultiWorker, default), `cluster` (a ``TF_CONFIG``
-cluster's start with a deadline), `names` (model, schedule and precision
-names), `errors` (`TrainerError`: one line, no traceback) and `_compat`
+Beside them: `strategy` (TPU, Mirrored, MultiWorker, default), `cluster`
+(a ``TF_CONFIG`` cluster's start with a deadline), `errors` (`TrainerError`: one line, no traceback) and `_compat`
 (every private TensorFlow reach).
 
 Keras flavour: this package uses tf-keras (Keras 2), imported explicitly as

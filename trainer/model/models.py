@@ -38,7 +38,7 @@ from trainer.model.augment import RandomAffine
 from trainer.model.dropout import StepDropout
 from trainer.model.loss import TrainLoss
 from trainer.model.optimizer import build_optimizer, make_optimizer
-from trainer.names import MODELS, PRECISIONS
+from trainer.config import MODELS, PRECISIONS
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from trainer.errors import TrainerError
-from trainer.names import OPTIMIZERS, SCHEDULES
+from trainer.config import OPTIMIZERS, SCHEDULES
 
 
 def make_optimizer(learning_rate: float, schedule: str, total_steps: int,
