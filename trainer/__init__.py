@@ -14,8 +14,9 @@ The flow, one folder or module per step:
     predict                  ``python -m trainer.predict``: the export on PNGs or a split
 
 Beside them: `strategy` (TPU, Mirrored, MultiWorker, default), `cluster`
-(a ``TF_CONFIG`` cluster's start with a deadline), `errors` (`TrainerError`: one line, no traceback) and `_compat`
-(every private TensorFlow reach).
+(a ``TF_CONFIG`` cluster's start with a deadline), `errors`
+(`TrainerError`: one line, no traceback) and `_compat` (every private
+TensorFlow reach).
 
 Keras flavour: this package uses tf-keras (Keras 2), imported explicitly as
 ``import tf_keras as keras``, and sets ``TF_USE_LEGACY_KERAS=1`` before
