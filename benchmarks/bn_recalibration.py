@@ -21,7 +21,9 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import trainer  # noqa: E402,F401  (sets TF_USE_LEGACY_KERAS before TF loads)
+from mnist_common import console  # noqa: E402
+
+console.use_tf_keras()  # before TensorFlow loads
 import tensorflow as tf  # noqa: E402
 import tf_keras as keras  # noqa: E402
 

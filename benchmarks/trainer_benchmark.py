@@ -58,7 +58,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import trainer  # noqa: E402,F401  (TF_USE_LEGACY_KERAS before TensorFlow)
+from mnist_common import console  # noqa: E402
+
+console.use_tf_keras()  # before TensorFlow loads
 import tensorflow as tf  # noqa: E402
 import tf_keras as keras  # noqa: E402
 

@@ -5,7 +5,9 @@ it, it imports neither of them (nor Apache Beam, nor TensorFlow at import
 time).
 
     storage_lock   one writer per folder: the lock file and its backends
-                   (local disk, gs://), with the guarantee each one gives
+                   (local disk, gs://, other tf.io.gfile schemes), with the
+                   guarantee each one gives; acquire, refresh, check, release
+    storage_errors a storage failure found and named in a few words
     console        what the command-line programs print and how they exit:
                    TensorFlow's start-up kept quiet, the exit-status table
     flags          usage errors as one line, naming the flag a misspelled

@@ -52,6 +52,14 @@ def set_tensorflow_log_level() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
+def use_tf_keras() -> None:
+    """``tf.keras`` as tf-keras (Keras 2), the trainer's Keras (why: the
+    `trainer` package's docstring), unless the user chose: TensorFlow reads
+    ``TF_USE_LEGACY_KERAS`` once, when it loads, so a program calls this
+    before its first ``import tensorflow``."""
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+
 def is_startup_noise(line: bytes) -> bool:
     return bool(_NOISE.match(line))
 

@@ -36,8 +36,8 @@ local disk     `LocalLockFile`. Created with ``O_CREAT|O_EXCL``; the
                by a delete at the generation judged stale. GCS decides each
                race (HTTP 412 to the loser), so exactly one run wins, and a
                run whose lock was taken over can no longer refresh it.
-other gfile    ``trainer.run.lock.GfileLockFile`` (``tf.io.gfile`` is
-schemes        TensorFlow's, which this package does not load). gfile has
+other gfile    `GfileLockFile` (``tf.io.gfile``: TensorFlow is imported
+schemes        only when such a lock is used, by the trainer). gfile has
 (``ram://``,   no create-if-absent: the lock is written under a unique
 plugins)       temporary name, renamed into place without overwrite and
                read back, and the run whose id it reads holds it; the
@@ -53,13 +53,19 @@ The parts:
 
 * `LockInfo`: what a lock says of its holder and the one line that names it;
 * `dead_reason`: when a holder is provably dead;
-* `LocalLockFile`, `GcsLockObject`: the backends above. `GcsLockObject` is
-  given a google-cloud-storage bucket (the job reaches GCS through Beam's
+* `LocalLockFile`, `GcsLockObject`, `GfileLockFile`: the backends above,
+  and `backend_for`, which picks one for a path. `GcsLockObject` is given
+  a google-cloud-storage bucket (the job reaches GCS through Beam's
   client, the trainer through its own) and imports google-api-core only
   when a GCS lock is used, so this module imports with the standard
   library alone;
-* `HeldLock`: a held lock with its heartbeat thread;
-* `claim`: create the lock, or take over a dead holder's.
+* `HeldLock`: a held lock with its heartbeat thread, its refresh, its
+  check that it is still held (`HeldLock.raise_if_lost`) and its release;
+* `claim`: create the lock, or take over a dead holder's; `acquire`: claim
+  it as a `HeldLock`, or raise `LockRefused` naming the live holder.
+
+The job (`pipeline.publish.lock`) and the trainer (`trainer.run.lock`) add
+only their messages and their choice of backend.
 
 A backend offers ``create(data) -> token | None`` (None: the lock exists),
 ``read() -> (data, token, heartbeat) | None``, ``refresh(token, data) ->
@@ -76,6 +82,7 @@ import os
 import socket
 import threading
 import time
+import uuid
 from typing import Optional
 
 LOCK_FILE = ".lock"
@@ -289,6 +296,80 @@ class GcsLockObject:
         return True
 
 
+class GfileLockFile:
+    """The lock through ``tf.io.gfile``, for the schemes with no create-if-absent
+    (its guarantee: the module's table). A token is the lock's bytes as written."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def create(self, data: bytes):
+        tf = _tensorflow()
+        if tf.io.gfile.exists(self.path):
+            return None
+        temp = self._write_temp(data)
+        try:
+            tf.io.gfile.rename(temp, self.path, overwrite=False)
+        except tf.errors.AlreadyExistsError:
+            tf.io.gfile.remove(temp)
+            return None
+        current = self.read()
+        return data if current is not None and current[0] == data else None
+
+    def _write_temp(self, data: bytes) -> str:
+        """``data`` in a new file beside the lock, not named after it (ram://
+        takes a path that prefixes another as existing)."""
+        folder, name = self.path.rsplit("/", 1)
+        temp = f"{folder}/.new-{uuid.uuid4().hex}{name}"
+        with _tensorflow().io.gfile.GFile(temp, "wb") as f:
+            f.write(data)
+        return temp
+
+    def read(self):
+        tf = _tensorflow()
+        try:
+            with tf.io.gfile.GFile(self.path, "rb") as f:
+                data = f.read()
+            mtime = tf.io.gfile.stat(self.path).mtime_nsec / 1e9
+        except tf.errors.NotFoundError:
+            return None
+        return data, data, mtime
+
+    def refresh(self, token, data: bytes):
+        current = self.read()
+        if current is None or current[0] != token:
+            return None
+        # Renamed over it: a rewrite in place may keep a longer old tail (ram://).
+        _tensorflow().io.gfile.rename(self._write_temp(data), self.path, overwrite=True)
+        return data
+
+    def delete_if(self, token) -> bool:
+        tf = _tensorflow()
+        current = self.read()
+        if current is None or current[0] != token:
+            return False
+        try:
+            tf.io.gfile.remove(self.path)
+        except tf.errors.NotFoundError:
+            return False
+        return True
+
+
+def _tensorflow():
+    """TensorFlow, imported by the first gfile lock (its caller, the trainer,
+    has chosen its Keras by then)."""
+    import tensorflow as tf
+    return tf
+
+
+def backend_for(path: str, gcs, other_schemes=LocalLockFile):
+    """The backend of the lock at ``path``: `LocalLockFile` for a plain path,
+    ``gcs(path)`` for ``gs://``, ``other_schemes(path)`` for any other scheme."""
+    if path.startswith("gs://"):
+        return gcs(path)
+    return other_schemes(path) if "://" in path else LocalLockFile(path)
+
+
 class HeldLock:
     """A held lock; `release` it when the run ends. Built from `claim`'s token."""
 
@@ -336,6 +417,13 @@ class HeldLock:
             self.lost = f"the lock is now held by {info.describe(time.time())}"
         return self.lost or "lock removed"
 
+    def raise_if_lost(self, refusal) -> None:
+        """Raises ``refusal(reason)`` unless this run still holds the lock
+        (checked before writing into or publishing the folder)."""
+        lost = self.lost_reason()
+        if lost:
+            raise refusal(lost)
+
     def release(self) -> None:
         self._stop.set()
         if self._thread is not threading.current_thread():
@@ -380,3 +468,26 @@ def claim(backend, info: LockInfo, where: str, gone: frozenset = frozenset()):
             logging.warning("%s: taking over the lock of %s: %s", where,
                             holder.describe(now), reason)
     return None, None
+
+
+
+class LockRefused(Exception):
+    """`acquire` did not get the lock: ``holder`` (a `LockInfo`) holds it and
+    lives, or is None when other runs kept taking it."""
+
+    def __init__(self, path: str, holder: Optional[LockInfo]):
+        super().__init__(f"{path}: " + (f"locked by {holder.describe(time.time())}"
+                                        if holder else "other runs keep taking it"))
+        self.holder = holder
+
+
+def acquire(path: str, backend, run_id: str, where: str, gone: frozenset = frozenset(),
+            held=HeldLock) -> HeldLock:
+    """Takes the lock at ``path`` through ``backend`` as ``held`` (`HeldLock`
+    or a subclass) or raises `LockRefused`; ``where`` names the folder in
+    warnings, ``gone`` as for `claim`. Storage failures propagate."""
+    info = LockInfo.for_this_process(run_id)
+    token, holder = claim(backend, info, where, gone)
+    if token is None:
+        raise LockRefused(path, holder)
+    return held(path, backend, info, token)

@@ -2,17 +2,16 @@
 storage that fails; each with its exit status (`mnist_common.console`).
 
 Also the classifiers that find such an error inside whatever a runner
-raised: `failure_summary` for storage failures, `as_pipeline_error` for
-every error the job reports.
+raised: `failure_summary` (`mnist_common.storage_errors`'s) for storage
+failures, `as_pipeline_error` for every error the job reports.
 """
 
 from __future__ import annotations
 
-import errno
 import re
-from typing import Optional
 
 from mnist_common import console
+from mnist_common.storage_errors import failure_summary
 
 
 class PipelineError(Exception):
@@ -78,46 +77,3 @@ def as_pipeline_error(error: BaseException, output: str,
         return StorageError(f"{output}: storage failed during the run ({failure})"
                             + (f"; {earlier}" if earlier else ""))
     return None
-
-
-_STORAGE_ERRNOS = {errno.ENOSPC: "disk full", errno.EROFS: "read-only",
-                   errno.EDQUOT: "quota exceeded", errno.EACCES: "permission denied",
-                   errno.EPERM: "permission denied", errno.EIO: "I/O error"}
-_STORAGE_TEXTS = ("No space left on device", "Read-only file system",
-                  "Disk quota exceeded", "Errno 28", "Errno 30", "Errno 122",
-                  "RetryError", "ConnectionError", "ServiceUnavailable", "BeamIOError",
-                  "Max retries exceeded", "PreconditionFailed", "TooManyRequests",
-                  "InternalServerError", "Forbidden")
-
-
-def failure_summary(error: BaseException) -> Optional[str]:
-    """One line describing a storage failure inside ``error``, or None if it is not one.
-
-    Runners re-raise a worker's OSError in other wrappers (a RuntimeError
-    carrying its text, a BeamIOError holding a dict of them), so the chain of
-    causes and the text are both searched.
-    """
-    seen, depth = error, 0
-    while seen is not None and depth < 50:
-        if isinstance(seen, OSError) and seen.errno in _STORAGE_ERRNOS:
-            return f"OSError: [Errno {seen.errno}] {seen.strerror}"
-        seen, depth = seen.__cause__ or seen.__context__, depth + 1
-    text = str(error)
-    match = re.search(r"(\w+Error): \[Errno (\d+)\] ([^\]\n'\"\[]+)", text)
-    if match and int(match.group(2)) in _STORAGE_ERRNOS:
-        return f"{match.group(1)}: [Errno {match.group(2)}] {match.group(3).strip()}"
-    marker = next((m for m in _STORAGE_TEXTS if m in text), None)
-    if marker is None and (isinstance(error, OSError) or _is_google_api_error(error)):
-        marker = type(error).__name__
-    if marker is None:
-        return None
-    first = text.strip().splitlines()[0] if text.strip() else type(error).__name__
-    return first[:200] if marker in first else f"{marker}: {first[:200]}"
-
-
-def _is_google_api_error(error: BaseException) -> bool:
-    try:
-        from google.api_core import exceptions
-    except ImportError:
-        return False
-    return isinstance(error, exceptions.GoogleAPIError)

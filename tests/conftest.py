@@ -10,8 +10,10 @@ from __future__ import annotations
 import os
 import signal
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+from mnist_common import console
+
+console.set_tensorflow_log_level()
+console.use_tf_keras()  # every test process's tf.keras is the trainer's
 
 # The commands keep a SIGHUP or SIGINT that their parent ignores (as under
 # nohup, or for a job a non-interactive shell puts in the background: the

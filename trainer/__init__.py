@@ -8,15 +8,15 @@ The flow, one folder or module per step:
     model/                   models, optimizer and schedule, augmentation, export
     loop/                    the controller (outer loop), the Keras and custom inner
                              loops, the evaluator, TensorBoard summaries
-    run/                     the model_dir's safety: layout and commit, lock, dataset
-                             pin, checkpoint repair, resume checks, preemption
+    run/                     every check before anything is written (`preflight`),
+                             then the model_dir's safety: layout and commit, lock,
+                             dataset pin, checkpoint repair, resume checks, preemption
     predict                  ``python -m trainer.predict``: the export on PNGs or a split
 
-Beside them: `preflight` (every check before anything is written),
-`strategy` (TPU, Mirrored, MultiWorker, default), `cluster` (a ``TF_CONFIG``
-cluster's start with a deadline), `names` (model, schedule and precision
-names), `errors` (`TrainerError`: one line, no traceback) and `_compat`
-(every private TensorFlow reach).
+Beside them: `strategy` (TPU, Mirrored, MultiWorker, default), `cluster`
+(a ``TF_CONFIG`` cluster's start with a deadline), `errors`
+(`TrainerError`: one line, no traceback) and `_compat` (every private
+TensorFlow reach).
 
 Keras flavour: this package uses tf-keras (Keras 2), imported explicitly as
 ``import tf_keras as keras``, and sets ``TF_USE_LEGACY_KERAS=1`` before
@@ -29,14 +29,16 @@ combination and gets the expected gain from folding many steps into one
 Keras flavour is chosen for it.
 
 The environment variable must be set before the first ``import tensorflow``
-in the process, which is why it happens here, at the top of the package, and
-why every module of the package imports ``trainer`` first (any
-``trainer.x`` import runs this file before ``x``).
+in the process (`mnist_common.console.use_tf_keras`). Each program calls it
+where it starts (``python -m trainer``, ``python -m trainer.predict``, the
+benchmarks, the notebook, the tests' conftest.py), and this file calls it
+too: Python runs it before any ``trainer.x`` module, so every module of the
+package that imports TensorFlow gets tf-keras, whoever imports it.
 
 Importing the package never imports Apache Beam, nor the `pipeline` package:
 what it shares with the conversion job is the neutral `mnist_contract`.
 """
 
-import os
+from mnist_common import console
 
-os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+console.use_tf_keras()

@@ -22,12 +22,12 @@ import os
 from mnist_common import console
 
 console.set_tensorflow_log_level()
+console.use_tf_keras()
 
 import logging  # noqa: E402
 import sys  # noqa: E402
 from typing import NoReturn, Optional, Sequence  # noqa: E402
 
-import trainer  # noqa: E402,F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 from trainer.config import TrainConfig, parse_flags, strategy_is_tpu  # noqa: E402
 from trainer.errors import TrainerError, TrainerInputError  # noqa: E402
 from trainer.run.preemption import ProcessSignals, Stopped  # noqa: E402

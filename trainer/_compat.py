@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ctypes
 
-import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 
 

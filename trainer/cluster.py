@@ -26,7 +26,6 @@ import logging
 import socket
 import time
 
-import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 
 from trainer.errors import TrainerError

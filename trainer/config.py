@@ -25,7 +25,15 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from mnist_common.flags import OneLineParser
 from trainer.errors import TrainerError
-from trainer.names import BATCH_NORM_MODELS, MODELS, OPTIMIZERS, PRECISIONS, SCHEDULES
+
+# The names of the models, optimizers, learning-rate schedules and precisions:
+# flag choices here, built by `trainer.model` (which imports them from here:
+# this module needs no TensorFlow, so ``--help`` lists them without loading it).
+MODELS = ("guide", "small", "convnet", "convnet_bn")
+BATCH_NORM_MODELS = ("convnet_bn",)
+OPTIMIZERS = ("adam", "lamb", "lars")
+SCHEDULES = ("constant", "cosine")
+PRECISIONS = ("none", "bfloat16")
 
 LOOPS = ("keras", "custom")
 STRATEGIES = ("auto", "tpu", "mirrored", "multi_worker", "default")

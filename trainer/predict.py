@@ -29,11 +29,11 @@ import argparse
 import sys
 from typing import Iterator, Optional, Sequence
 
-import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 from mnist_common import console
 from mnist_common.flags import OneLineParser
 
 if __name__ == "__main__":  # the command, not an import: before TensorFlow loads
+    console.use_tf_keras()
     console.import_tensorflow_quietly()
 
 import numpy as np  # noqa: E402

@@ -23,7 +23,6 @@ import logging
 import os
 from typing import Callable, Optional, Sequence
 
-import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 
 from trainer import _compat, cluster

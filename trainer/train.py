@@ -1,6 +1,6 @@
 """The one entry point: `train_and_evaluate(config)` → final metrics.
 
-It reads as the run goes: every check first (`trainer.preflight`), then,
+It reads as the run goes: every check first (`trainer.run.preflight`), then,
 holding ``model_dir``, the model, the loop (`trainer.loop.build`), the
 export and the commit of the export with ``metrics.json``. Both loops
 return the same dict and write the same layout under ``model_dir``
@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator, Sequence
 
-import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 import tf_keras
 
@@ -33,7 +32,7 @@ from trainer.data import input_pipeline
 from trainer.errors import TrainerError, TrainerInputError, os_reason, summarize_error
 from trainer.loop.build import build_controller
 from trainer.model import export, models
-from trainer.preflight import Run, preflight
+from trainer.run.preflight import Run, preflight
 from trainer.run import checkpoint_repair, dataset_pin, lock as run_lock, outputs, preemption
 from trainer.run.claim import Claim
 

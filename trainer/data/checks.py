@@ -27,7 +27,6 @@ from __future__ import annotations
 import hashlib
 from typing import Iterable
 
-import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 
 import mnist_contract as contract

@@ -28,7 +28,6 @@ from typing import Mapping, Optional
 
 import numpy as np
 
-import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 
 import mnist_contract as contract

@@ -60,7 +60,6 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 
 import mnist_contract as contract

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 from typing import Callable, Optional, Protocol
 
-import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 
 log = logging.getLogger(__name__)

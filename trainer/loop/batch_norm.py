@@ -22,7 +22,6 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 import tf_keras as keras
 

@@ -12,7 +12,6 @@ import functools
 import time
 from typing import Callable, Sequence
 
-import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tf_keras as keras
 
 import mnist_contract as contract
@@ -23,7 +22,7 @@ from trainer.loop.controller import Controller, Schedule
 from trainer.loop.custom_loop import CustomLoop
 from trainer.loop.evaluator import Evaluator
 from trainer.loop.keras_loop import KerasLoop
-from trainer.preflight import Run
+from trainer.run.preflight import Run
 from trainer.run import outputs
 from trainer.run.checkpoints import RunCheckpoints
 from trainer.run.claim import Claim

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping
 
-import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 import tf_keras as keras
 

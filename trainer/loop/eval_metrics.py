@@ -21,7 +21,6 @@ import dataclasses
 
 import numpy as np
 
-import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 import tf_keras as keras
 

@@ -30,7 +30,6 @@ from typing import Callable, Iterator, Mapping
 
 import numpy as np
 
-import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 import tf_keras as keras
 from tensorboard.plugins.hparams import api as hp

@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 import random
 
-import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 import tf_keras as keras
 

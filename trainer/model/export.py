@@ -27,7 +27,6 @@ about half of the 256 values).
 
 from __future__ import annotations
 
-import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 import tf_keras as keras
 

@@ -10,7 +10,6 @@ comparable between runs with and without smoothing.
 
 from __future__ import annotations
 
-import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 import tf_keras as keras
 

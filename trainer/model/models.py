@@ -28,7 +28,6 @@ import contextlib
 import logging
 from typing import Callable, Iterator, Optional
 
-import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 import tf_keras as keras
 
@@ -39,7 +38,7 @@ from trainer.model.augment import RandomAffine
 from trainer.model.dropout import StepDropout
 from trainer.model.loss import TrainLoss
 from trainer.model.optimizer import build_optimizer, make_optimizer
-from trainer.names import MODELS, PRECISIONS
+from trainer.config import MODELS, PRECISIONS
 
 log = logging.getLogger(__name__)
 

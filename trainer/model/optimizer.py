@@ -14,12 +14,11 @@ is end-of-life).
 
 from __future__ import annotations
 
-import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 import tf_keras as keras
 
 from trainer.errors import TrainerError
-from trainer.names import OPTIMIZERS, SCHEDULES
+from trainer.config import OPTIMIZERS, SCHEDULES
 
 
 def make_optimizer(learning_rate: float, schedule: str, total_steps: int,

@@ -19,7 +19,6 @@ import re
 import time
 from typing import Callable
 
-import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 
 from mnist_contract import join_path

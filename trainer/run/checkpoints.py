@@ -18,7 +18,6 @@ import json
 import logging
 from typing import Callable, Optional
 
-import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 
 from mnist_contract import join_path

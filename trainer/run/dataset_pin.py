@@ -24,7 +24,6 @@ import json
 import logging
 from typing import Optional
 
-import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 
 import mnist_contract as contract

@@ -16,7 +16,6 @@ import dataclasses
 import logging
 from typing import Sequence
 
-import trainer  # noqa: F401  (sets TF_USE_LEGACY_KERAS before TF loads)
 import tensorflow as tf
 
 import mnist_contract as contract
