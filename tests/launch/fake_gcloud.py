@@ -24,9 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from fake_cloud import STOCKOUT, FakeCloud  # noqa: E402
+from tests.launch.fake_cloud import STOCKOUT, FakeCloud
 
 
 def _flags(args: list[str]) -> tuple[list[str], dict[str, str]]:

@@ -14,15 +14,13 @@ import time
 
 import pytest
 
+from launch.spot import cloud as spot_cloud
+from launch.spot import decide as sd
+from launch.spot import journal as spot_journal
+from launch.tpu import commands as tc
 from mnist_common import storage_lock
-from tests.scripts.launch_helpers import TPU_ARGS, run_script, tpu_plan
-
-from tests.scripts.spot_scripted import ScriptedCloud, loop, progress
-
-import spot_cloud  # noqa: E402  (scripts/ is on the path: launch_helpers)
-import spot_decide as sd  # noqa: E402
-import spot_journal  # noqa: E402
-import tpu_vm_commands as tc  # noqa: E402
+from tests.launch.helpers import TPU_ARGS, host_env, run_script, tpu_plan, wait_remote_exit
+from tests.launch.spot.scripted import ScriptedCloud, loop, progress
 
 RUNNING = sd.Trainer("running")
 
@@ -159,7 +157,6 @@ def test_the_status_line_reports_the_trainers_progress(tmp_path):
 def test_the_train_script_records_143_when_every_process_gets_sigterm(tmp_path):
     """As a preemption notice reaches every process: the subshell outlives
     it and writes the trainer's status."""
-    from tests.scripts.test_launch_tpu_vm import host_env, wait_remote_exit
     cfg, _ = tpu_plan("train")
     env = host_env(tmp_path)
     session = subprocess.Popen(["bash", "-c", tc.train_script(cfg, ["old-host"]) + "; sleep 600"],

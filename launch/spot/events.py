@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Callable, Iterable, Protocol, TextIO
 
-import spot_decide as sd
+from launch.spot import decide as sd
 
 # Events that end a run: a journal starts after the last of them.
 ENDING_EVENTS = frozenset({"finished", "failed", "gave up", "lost", "timeout",

@@ -1,4 +1,4 @@
-"""The gcloud calls of ``launch_tpu_vm.py run`` (scripts/spot_runner.py).
+"""The gcloud calls of ``launch_tpu_vm.py run`` (launch/spot/runner.py).
 
 Each call says what it saw (a VM state, a trainer state, an exit status and
 the output, captured and shown only when it matters); none decides what
@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-import launch_common as lc
-import spot_decide as sd
-import tpu_vm_commands as tc
+from launch import common as lc
+from launch.spot import decide as sd
+from launch.tpu import commands as tc
 
 Result = tuple[int, str, str]  # exit status, stdout, stderr
 Runner = Callable[[lc.Command], Result]

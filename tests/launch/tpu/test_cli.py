@@ -15,21 +15,18 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 import mnist_contract as contract
-from tests.scripts.launch_helpers import (PYPROJECT, RUNNING, SCRIPTS, TPU_ARGS, WHEEL,
-                                          FakeHost, clean_env, fake_program, flag_values,
-                                          run_script, status_line, tpu_plan, wait_with)
-
-sys.path.insert(0, str(SCRIPTS))
-
-import launch_common as lc  # noqa: E402
-import launch_tpu_vm as lt  # noqa: E402
-import tpu_vm_commands as tc  # noqa: E402
+from launch import common as lc
+from launch.tpu import cli as lt
+from launch.tpu import commands as tc
+from tests.launch.helpers import (PYPROJECT, RUNNING, TPU_ARGS, WHEEL, FakeHost,
+                                  clean_env, fake_program, flag_values, host_env,
+                                  remote_state, run_remote, run_script, status_line, tpu_plan,
+                                  wait_remote_exit, wait_with)
 
 POD_ARGS = [a for a in TPU_ARGS if not a.startswith("--accelerator_type")] + [
     "--accelerator_type=v4-32", "--runtime_version=tpu-vm-tf-2.19.0-pod-pjrt"]
@@ -205,49 +202,6 @@ def test_tpu_all_order_and_delete_after():
 
 
 # ------------------------------------------------ remote scripts, in bash
-
-def host_env(tmp_path: Path) -> dict[str, str]:
-    """A stand-in TPU host: HOME in tmp_path, a python3 that plays trainer.
-
-    The trainer records its arguments, prints a line, then waits for the
-    file ``release`` and exits with the status written in it.
-    """
-    home = tmp_path / "home"
-    bin_dir = tmp_path / "bin"
-    home.mkdir()
-    bin_dir.mkdir()
-    release = shlex.quote(str(tmp_path / "release"))
-    fake_program(bin_dir / "python3", f"""
-printf '%s\\n' "$@" > {shlex.quote(str(tmp_path / 'trainer.args'))}
-echo "trainer says hello"
-echo "to stderr" >&2
-for _ in $(seq 6000); do [ -f {release} ] && exit "$(cat {release})"; sleep 0.05; done
-exit 99
-""")
-    return dict(os.environ, HOME=str(home),
-                PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-
-
-def run_remote(script: str, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "-c", script], env=env, capture_output=True,
-                          text=True, timeout=60)
-
-
-def remote_state(env: dict[str, str]) -> tuple[str, int | None]:
-    proc = run_remote(tc.status_script(), env)
-    assert proc.returncode == 0, proc.stderr
-    [state] = tc.parse_status(proc.stdout)
-    return state
-
-
-def wait_remote_exit(env: dict[str, str]) -> tuple[str, int | None]:
-    for _ in range(600):  # a bound for a broken script, not a speed bar
-        state = remote_state(env)
-        if state[0] != "running":
-            return state
-        time.sleep(0.1)
-    raise AssertionError("the trainer never finished")
-
 
 def test_train_script_detaches_and_survives_a_hangup(tmp_path):
     cfg, _ = tpu_plan("train", "--epochs=2")

@@ -1,4 +1,4 @@
-"""``python3`` on a fake TPU VM (`tests.scripts.fake_cloud`).
+"""``python3`` on a fake TPU VM (`tests.launch.fake_cloud`).
 
 The installs are answered from the environment prepared once, the test
 interpreter's (``FAKE_HOST_PYTHON``): ``pip install --user`` of a

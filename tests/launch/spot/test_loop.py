@@ -1,4 +1,4 @@
-"""The spot run's loop against a scripted cloud (`tests.scripts.spot_scripted`):
+"""The spot run's loop against a scripted cloud (`tests.launch.spot.scripted`):
 how it retries refused creates, what it says a preemption cost, which events
 it reports at each ending, and that it ends once. No clock: the run's waits
 are recorded, not slept."""
@@ -12,13 +12,12 @@ import signal
 
 import pytest
 
-from tests.scripts.launch_helpers import tpu_plan
-from tests.scripts.spot_scripted import ScriptedCloud, kinds, loop, progress
-
-import launch_common as lc  # noqa: E402  (scripts/ is on the path: launch_helpers)
-import spot_decide as sd  # noqa: E402
-import spot_events  # noqa: E402
-import spot_runner  # noqa: E402
+from launch import common as lc
+from launch.spot import decide as sd
+from launch.spot import events as spot_events
+from launch.spot import runner as spot_runner
+from tests.launch.helpers import tpu_plan
+from tests.launch.spot.scripted import ScriptedCloud, kinds, loop, progress
 
 STOCKOUT = (1, "", "ERROR: RESOURCE_EXHAUSTED: There is no more capacity in the zone")
 # The trainer's checkpoints: every 6 steps, 22-step epochs (66 steps in 3).

@@ -12,7 +12,7 @@ recover  the VM was preempted (or the trainer stopped on SIGTERM): delete
          it, wait until describe says it is gone, and let the next round
          create a new one; its trainer resumes from the newest checkpoint
          in the gs:// model_dir and takes over the dead VM's lock at once
-         (`tpu_vm_commands.train_script`'s ``dead_hosts``).
+         (`launch.tpu.commands.train_script`'s ``dead_hosts``).
 wait     training, or the VM is being made, or a call failed (retried with
          backoff for at most ``--retry_seconds``).
 
@@ -32,12 +32,12 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
-import launch_common as lc
-import spot_decide as sd
-import tpu_vm_commands as tc
-from spot_cloud import Cloud, create_failure, last_line
-from spot_events import Events, Standing
-from spot_journal import Journal, JournalError, identity
+from launch import common as lc
+from launch.spot import decide as sd
+from launch.tpu import commands as tc
+from launch.spot.cloud import Cloud, create_failure, last_line
+from launch.spot.events import Events, Standing
+from launch.spot.journal import Journal, JournalError, identity
 
 EXIT_INTERRUPTED = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
 
@@ -61,7 +61,7 @@ class RunError(Exception):
 def trainer_cadence(cfg: tc.TpuConfig) -> tuple[int, int, int, bool] | None:
     """The trainer's epochs, ``--checkpoint_every``, steps per call and
     whether it runs the Keras loop, from its own flags (None: unreadable)."""
-    from trainer.config import flag_problem, parse_flags  # the checkout's (tc's path)
+    from trainer.config import flag_problem, parse_flags
     argv = tc.trainer_command(cfg)[3:]
     if flag_problem(argv, on_tpu=True):
         return None

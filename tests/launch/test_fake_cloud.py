@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.scripts.fake_cloud import FakeCloud
+from tests.launch.fake_cloud import FakeCloud
 
 
 def test_preempting_one_clouds_vm_leaves_another_clouds_vm_running(tmp_path):

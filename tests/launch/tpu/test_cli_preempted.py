@@ -6,7 +6,7 @@ import signal
 
 import pytest
 
-from tests.scripts.launch_helpers import RUNNING, FakeHost, status_line, tc, wait_with
+from tests.launch.helpers import RUNNING, FakeHost, status_line, tc, wait_with
 from trainer.run import preemption
 
 

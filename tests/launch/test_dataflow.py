@@ -23,14 +23,11 @@ from pathlib import Path
 
 import pytest
 
+from launch import common as lc
+from launch import dataflow as ld
 from tests.helpers import REPO
-from tests.scripts.launch_helpers import (PYPROJECT, SCRIPTS, WHEEL, clean_env,
-                                          fake_program, flag_values, run_script)
-
-sys.path.insert(0, str(SCRIPTS))
-
-import launch_common as lc  # noqa: E402
-import launch_dataflow as ld  # noqa: E402
+from tests.launch.helpers import (PYPROJECT, SCRIPTS, WHEEL, clean_env, fake_program,
+                                  flag_values, run_script)
 
 
 # --------------------------------------------------------------- Dataflow

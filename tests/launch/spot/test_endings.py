@@ -16,7 +16,7 @@ import time
 import pytest
 
 from tests.helpers import EMULATOR_BUCKET
-from tests.scripts.spot_helpers import NAME, RUN_SECONDS, Chaos, World
+from tests.launch.spot.helpers import NAME, RUN_SECONDS, Chaos, World
 
 # A hang bound, not a speed bar: the longest test here took 71 s with the
 # machine's load at 2-4.5.

@@ -8,16 +8,13 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import sys
 
 import pytest
 
-from tests.scripts.fake_cloud import FakeCloud
-from tests.scripts.launch_helpers import TPU_ARGS, clean_env, run_script
+from launch.spot import journal as spot_journal
+from tests.launch.fake_cloud import FakeCloud
+from tests.launch.helpers import TPU_ARGS, clean_env, run_script, write_fake_gcloud
 
-import spot_journal  # noqa: E402  (scripts/ is on the path: launch_helpers)
-
-FAKE_GCLOUD = os.path.join(os.path.dirname(__file__), "fake_gcloud.py")
 RUN = {"name": "mnist-tpu", "zone": "us-central2-b", "project": None,
        "accelerator_type": "v4-8", "model_dir": "gs://bkt/runs/1", "queued": False}
 
@@ -28,8 +25,7 @@ def launch(tmp_path):
     cloud = FakeCloud(tmp_path / "cloud")
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "gcloud").write_text(f'#!/bin/sh\nexec {sys.executable} {FAKE_GCLOUD} "$@"\n')
-    (bin_dir / "gcloud").chmod(0o755)
+    write_fake_gcloud(bin_dir)
     env = clean_env(FAKE_CLOUD=str(cloud.root), PATH=f"{bin_dir}:{os.environ['PATH']}")
 
     def launch(events):

@@ -3,7 +3,7 @@ local GCS server's bucket, ``launch_tpu_vm.py run`` started as a user starts
 it, and `Chaos`, which preempts the run's VMs on a schedule.
 
 Everything is real but the cloud: the launcher's own commands set up each
-fake VM and start ``python -m trainer`` there (`tests.scripts.fake_cloud`),
+fake VM and start ``python -m trainer`` there (`tests.launch.fake_cloud`),
 and the trainer writes its checkpoints to a gs:// model_dir through
 TensorFlow's own client (`tests.gcs_tls`).
 """
@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.helpers import EMULATOR_BUCKET, REPO
-from tests.scripts.fake_cloud import FakeCloud
+from tests.launch.fake_cloud import FakeCloud
+from tests.launch.helpers import write_fake_gcloud
 from tests.gcs_tls import CLIENT_GONE, read_log, traceback_end
 
 SCRIPTS = REPO / "scripts"
-FAKE_GCLOUD = Path(__file__).resolve().parent / "fake_gcloud.py"
 NAME = "spot-tpu"
 # The smoke preset's small model on 360 digits: 22 steps an epoch, a
 # checkpoint every 6 steps; with --seed a resume is bit-identical.
@@ -66,9 +66,7 @@ class World:
         self.cloud = FakeCloud(self.tmp / "cloud")
         bin_dir = self.tmp / "bin"
         bin_dir.mkdir()
-        gcloud = bin_dir / "gcloud"
-        gcloud.write_text(f'#!/bin/sh\nexec {sys.executable} {FAKE_GCLOUD} "$@"\n')
-        gcloud.chmod(0o755)
+        write_fake_gcloud(bin_dir)
         self.env = {**self.server.env(), "FAKE_CLOUD": str(self.cloud.root),
                     "FAKE_HOST_PYTHON": sys.executable,
                     "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}

@@ -17,11 +17,10 @@ import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
-import launch_common as lc
+from launch import common as lc
 
-sys.path.insert(1, str(lc.REPO_ROOT))  # mnist_contract, mnist_common's lock: standard library only
-from mnist_common.storage_lock import DEAD_HOSTS_ENV  # noqa: E402
-from mnist_contract import MANIFEST_FILE, join_path  # noqa: E402
+from mnist_common.storage_lock import DEAD_HOSTS_ENV
+from mnist_contract import MANIFEST_FILE, join_path
 
 TRAINER_PRESET = "--preset=tpu"
 # On every host, relative to the login user's home.
@@ -84,7 +83,7 @@ class TpuConfig:
     python: str = sys.executable
     dist_dir: Path = DEFAULT_DIST_DIR
     build_isolation: bool = True
-    # ``run`` only (scripts/spot_runner.py).
+    # ``run`` only (launch/spot/runner.py).
     max_recoveries: int = 5
     keep: bool = False
     events: Path | None = None
@@ -412,7 +411,7 @@ def phases(step: str, cfg: TpuConfig,
     if step == "all":
         names = ["create", "setup", "train", "wait"] + (
             ["delete"] if cfg.delete_after else [])
-    elif step == "run":  # without a preemption; spot_runner.py has the loop
+    elif step == "run":  # without a preemption; launch/spot/runner.py has the loop
         names = ["describe", "create", "setup", "train", "wait", "delete", "describe"]
     return [(name, builders[name]()) for name in names]
 

@@ -26,16 +26,11 @@ import hashlib
 import os
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-from tests.helpers import REPO
-
-sys.path.insert(0, str(REPO / "scripts"))
-
-import launch_common as lc  # noqa: E402
-import tpu_vm_commands as tc  # noqa: E402
+from launch import common as lc
+from launch.tpu import commands as tc
 
 USER_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
 CACHE = USER_CACHE / "mnist-tpu"

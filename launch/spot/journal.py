@@ -22,8 +22,8 @@ import stat
 import sys
 from pathlib import Path
 
-import tpu_vm_commands as tc
-from spot_events import Standing, replay
+from launch.tpu import commands as tc
+from launch.spot.events import Standing, replay
 
 EXIT_BAD_INPUT, EXIT_IN_USE = 2, 1
 # The fields `spot_events.Standing.apply` reads, and what each may hold.

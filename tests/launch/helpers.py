@@ -4,25 +4,25 @@ stand-in programs on PATH, the flags of a planned command, and a TPU VM host
 that answers ``wait``'s status checks from a script.
 
 The launchers build their commands as argv lists, so the tests read those
-lists; ``scripts/`` goes on ``sys.path`` so they import the launchers'
-modules as the scripts do.
+lists from the `launch` package's modules.
 """
 
 from __future__ import annotations
 
 import os
+import shlex
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+from launch.tpu import cli as lt
+from launch.tpu import commands as tc
 from tests.helpers import REPO
 
 SCRIPTS = REPO / "scripts"
-sys.path.insert(0, str(SCRIPTS))
-
-import launch_tpu_vm as lt  # noqa: E402
-import tpu_vm_commands as tc  # noqa: E402
+FAKE_GCLOUD = Path(__file__).resolve().parent / "fake_gcloud.py"
 
 try:
     import tomllib
@@ -51,6 +51,15 @@ def run_script(name: str, *args: str, env: dict[str, str] | None = None):
         [sys.executable, str(SCRIPTS / name), *args], cwd=REPO,
         env=clean_env() if env is None else env, capture_output=True,
         text=True, timeout=120)
+
+
+def write_fake_gcloud(bin_dir: Path) -> Path:
+    """``bin_dir/gcloud``: `tests.launch.fake_gcloud` run by this Python, with
+    the checkout on its PYTHONPATH for its ``tests.launch`` imports."""
+    gcloud = bin_dir / "gcloud"
+    gcloud.write_text(f'#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} {FAKE_GCLOUD} "$@"\n')
+    gcloud.chmod(0o755)
+    return gcloud
 
 
 def fake_program(path: Path, body: str) -> Path:
@@ -106,3 +115,46 @@ def wait_with(host: FakeHost, *extra: str) -> int:
 
 
 RUNNING = (0, status_line("running pid=12") + "\n")
+
+
+def host_env(tmp_path: Path) -> dict[str, str]:
+    """A stand-in TPU host: HOME in tmp_path, a python3 that plays trainer.
+
+    The trainer records its arguments, prints a line, then waits for the
+    file ``release`` and exits with the status written in it.
+    """
+    home = tmp_path / "home"
+    bin_dir = tmp_path / "bin"
+    home.mkdir()
+    bin_dir.mkdir()
+    release = shlex.quote(str(tmp_path / "release"))
+    fake_program(bin_dir / "python3", f"""
+printf '%s\\n' "$@" > {shlex.quote(str(tmp_path / 'trainer.args'))}
+echo "trainer says hello"
+echo "to stderr" >&2
+for _ in $(seq 6000); do [ -f {release} ] && exit "$(cat {release})"; sleep 0.05; done
+exit 99
+""")
+    return dict(os.environ, HOME=str(home),
+                PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+
+def run_remote(script: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "-c", script], env=env, capture_output=True,
+                          text=True, timeout=60)
+
+
+def remote_state(env: dict[str, str]) -> tuple[str, int | None]:
+    proc = run_remote(tc.status_script(), env)
+    assert proc.returncode == 0, proc.stderr
+    [state] = tc.parse_status(proc.stdout)
+    return state
+
+
+def wait_remote_exit(env: dict[str, str]) -> tuple[str, int | None]:
+    for _ in range(600):  # a bound for a broken script, not a speed bar
+        state = remote_state(env)
+        if state[0] != "running":
+            return state
+        time.sleep(0.1)
+    raise AssertionError("the trainer never finished")

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import EMULATOR_BUCKET, REPO
-from tests.scripts.spot_helpers import (RUN_SECONDS, TOTAL_STEPS, TRAINER_ARGS, Chaos, World,
+from tests.launch.spot.helpers import (RUN_SECONDS, TOTAL_STEPS, TRAINER_ARGS, Chaos, World,
                                         random_schedule)
 
 # A hang bound, not a speed bar: the test took 119 s with the machine's load at 2-4.5.

@@ -1,6 +1,6 @@
 """The software a TPU VM host gets, checked here without a TPU.
 
-`tests.scripts.tpu_vm_stack` builds the host's environment with the launcher's own
+`tests.launch.tpu.stack` builds the host's environment with the launcher's own
 install script (tensorflow-tpu, the pinned libtpu, tf-keras, the project
 wheel). On it: TensorFlow imports with libtpu loaded, the trainer asked for
 a TPU that is not there ends with one line, and the trainer tests that
@@ -25,16 +25,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.scripts import tpu_vm_stack
+from tests.launch.tpu import stack as tpu_vm_stack
 from tests.helpers import REPO
-from tests.scripts.launch_helpers import PYPROJECT, fake_program
+from tests.launch.helpers import PYPROJECT, fake_program
 
 tc = tpu_vm_stack.tc
 
 # Hang bounds, not speed bars, each over 10x the times recorded in
 # docs/benchmarks.md (The test suite). The first test to use `stack` builds
 # it: the host's install took 71-106 s, downloads aside, and each of its two
-# steps has an hour (the bound in `tests.scripts.tpu_vm_stack`). The trainer
+# steps has an hour (the bound in `tests.launch.tpu.stack`). The trainer
 # tests on the host's TensorFlow took 201-438 s.
 BUILD_BOUND_S = 7200
 STACK_TESTS_BOUND_S = 4500

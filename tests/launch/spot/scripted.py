@@ -4,14 +4,13 @@ when the run sleeps, and every wait the run asked for recorded."""
 
 from __future__ import annotations
 
+from launch.spot import decide as sd
+from launch.spot import events as spot_events
+from launch.spot import journal as spot_journal
+from launch.spot import runner as spot_runner
+from launch.tpu import commands as tc
 from tests.helpers import with_defaults
-from tests.scripts.launch_helpers import tpu_plan
-
-import spot_decide as sd  # noqa: E402  (scripts/ is on the path: launch_helpers)
-import spot_events  # noqa: E402
-import spot_journal  # noqa: E402
-import spot_runner  # noqa: E402
-import tpu_vm_commands as tc  # noqa: E402
+from tests.launch.helpers import tpu_plan
 
 
 class ScriptedCloud:

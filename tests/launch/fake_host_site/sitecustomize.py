@@ -1,6 +1,6 @@
 """The fake TPU VM's host name for Python: each VM has its own, as on Cloud
 TPU, so the trainer's model_dir lock tells a dead VM's hold from this one's
-(`tests.scripts.fake_cloud`)."""
+(`tests.launch.fake_cloud`)."""
 
 import os
 import socket

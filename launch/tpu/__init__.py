@@ -1,0 +1,2 @@
+"""The TPU VM launcher: `launch.tpu.commands` builds the gcloud and host
+commands, `launch.tpu.cli` parses the flags and runs the steps."""
