@@ -85,8 +85,6 @@ exits 0 without running anything.
 from __future__ import annotations
 
 import argparse
-import math
-import re
 import shlex
 import sys
 import time
@@ -100,6 +98,7 @@ from launch.tpu.commands import (DEFAULT_DIST_DIR, DEFAULT_LIBTPU, DEFAULT_TENSO
                                  PREINSTALLED, REMOTE_DIR, TpuConfig, exit_note,
                                  manifest_command, parse_status, phases, plan,
                                  summarize_status, trainer_command)
+from launch.tpu.topology import default_runtime_version, is_multi_host, slice_hosts
 from mnist_contract import MANIFEST_FILE, ContractError, Manifest, join_path
 from mnist_common.flags import OneLineParser
 
@@ -110,50 +109,6 @@ VERBS = STEPS + ("status", "logs", "all", "run")
 EXIT_TIMEOUT = 124   # as timeout(1)
 EXIT_LOST = 255      # as ssh when it cannot reach the host
 POLL_FAILURES = 5    # failed status checks in a row before ``wait`` gives up
-# Accelerator family -> plain OS image for the TPU VM (JAX/PyTorch images in
-# Google's runtime table; TensorFlow is installed on top with pip).
-BASE_IMAGES = {
-    "v2": "tpu-ubuntu2204-base",
-    "v3": "tpu-ubuntu2204-base",
-    "v4": "tpu-ubuntu2204-base",
-    "v5p": "v2-alpha-tpuv5",
-    "v5litepod": "v2-alpha-tpuv5-lite",
-    "v5e": "v2-alpha-tpuv5-lite",
-    "v6e": "v2-alpha-tpuv6e",
-}
-_ACCELERATOR_RE = re.compile(r"^(?P<family>[a-z0-9]+)-(?P<size>\d+)$")
-# Above this size (TensorCores for v2-v5p, chips for v5e/v6e) a slice spans
-# more than one host VM.
-_ONE_HOST_MAX = 8
-# Size units per host VM on multi-host slices, each VM one input pipeline.
-# v2-v5p sizes count TensorCores: 4 chips of 2 per VM (cloud.google.com/tpu/
-# docs/v5p, "Configurations": v5p-16 has 2 hosts, v5p-128 16; v4 likewise,
-# /tpu/docs/v4). v5e and v6e sizes count chips, and their multi-host slices
-# are made of 4-chip VMs (/tpu/docs/v5e and /tpu/docs/v6e, "VM types").
-_SIZE_PER_HOST = {"v2": 8, "v3": 8, "v4": 8, "v5p": 8,
-                  "v5litepod": 4, "v5e": 4, "v6e": 4}
-
-
-def parse_accelerator(accelerator_type: str) -> tuple[str, int]:
-    match = _ACCELERATOR_RE.match(accelerator_type)
-    if not match or match["family"] not in BASE_IMAGES:
-        raise lc.ConfigError(
-            f"--accelerator_type {accelerator_type!r} is not one of "
-            f"{', '.join(f + '-N' for f in BASE_IMAGES)} (e.g. v4-8, "
-            "v5litepod-8, v6e-8)")
-    return match["family"], int(match["size"])
-
-
-def slice_hosts(accelerator_type: str) -> int:
-    """Host VMs in a slice of ``accelerator_type`` (e.g. v4-32: 4)."""
-    family, size = parse_accelerator(accelerator_type)
-    if size <= _ONE_HOST_MAX:
-        return 1
-    return math.ceil(size / _SIZE_PER_HOST[family])
-
-
-def is_multi_host(accelerator_type: str) -> bool:
-    return slice_hosts(accelerator_type) > 1
 
 
 def train_shards_warning(cfg: TpuConfig, rc: int, manifest_text: str) -> str | None:
@@ -183,16 +138,6 @@ def train_shards_warning(cfg: TpuConfig, rc: int, manifest_text: str) -> str | N
             f"has {hosts} hosts, so every host reads all of it and keeps one record "
             f"in {hosts}; rerun the pipeline with --min_shards={hosts} "
             "(or a multiple of it)")
-
-
-def default_runtime_version(accelerator_type: str) -> str:
-    family, _ = parse_accelerator(accelerator_type)
-    if is_multi_host(accelerator_type):
-        raise lc.ConfigError(
-            f"{accelerator_type} spans several hosts: pass "
-            "--runtime_version=tpu-vm-tf-<version>-pod-pjrt (a TensorFlow pod "
-            "image; list them with `gcloud compute tpus tpu-vm versions list`)")
-    return BASE_IMAGES[family]
 
 
 def _add_run_flags(common: argparse.ArgumentParser) -> None:

@@ -443,15 +443,6 @@ def test_execute_repeats_only_the_status_check_while_training(tmp_path):
         planned[:-1] + [status, status] + planned[-1:]
 
 
-@pytest.mark.parametrize("accelerator,hosts", [
-    ("v2-8", 1), ("v3-32", 4), ("v4-8", 1), ("v4-32", 4), ("v4-128", 16),
-    ("v5p-8", 1), ("v5p-16", 2), ("v5litepod-8", 1), ("v5litepod-16", 4),
-    ("v5e-256", 64), ("v6e-8", 1), ("v6e-16", 4)])
-def test_slice_hosts(accelerator, hosts):
-    assert lt.slice_hosts(accelerator) == hosts
-    assert lt.is_multi_host(accelerator) == (hosts > 1)
-
-
 def train_stderr(tmp_path: Path, base: list[str], manifest: str | None) -> str:
     """The train step, run against a fake gcloud: its stderr (the trainer started)."""
     env, log, _ = fake_cloud(tmp_path, manifest=manifest)
