@@ -1,31 +1,7 @@
 #!/usr/bin/env python3
-"""``python scripts/check_trainer_flags.py TRAINER_FLAGS...``: exit 0 if the
-trainer would take these flags, else one line ``error: trainer flags: ...`` and 2.
-
-`scripts/run_local.sh` asks before it replaces anything, so a typo or a
-value the trainer refuses (``--epochs=0``) costs nothing. The answer is the
-trainer's own parser's (`trainer.config.flag_problem`: argparse, then every
-check of `trainer.config.TrainConfig`), which loads no TensorFlow;
-``--preset=auto`` is settled as a machine without a TPU, as the demo is.
-"""
-
-from __future__ import annotations
-
+"""``python scripts/check_trainer_flags.py``: the trainer's flag check, `launch.trainer_flags`."""
 import sys
-from pathlib import Path
-from typing import Optional, Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout's trainer
-from trainer.config import flag_problem  # noqa: E402
+from launch.trainer_flags import main
 
-
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    problem = flag_problem(sys.argv[1:] if argv is None else list(argv), on_tpu=False)
-    if problem is None:
-        return 0
-    print(f"error: trainer flags: {problem}", file=sys.stderr)
-    return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+sys.exit(main())

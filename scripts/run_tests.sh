@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run the test suite from the repository root; arguments go to pytest
-# (e.g. scripts/run_tests.sh tests/scripts/test_launchers.py -k dataflow).
+# (e.g. scripts/run_tests.sh tests/launch/test_dataflow.py -k dataflow).
 #
 # --under-load (anywhere among the arguments; not passed on): one busy loop
 # per core (nproc) runs beside the suite, as on a CI machine whose cores are

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO
-from tests.scripts.launch_helpers import SCRIPTS, clean_env, fake_program
+from tests.launch.helpers import SCRIPTS, clean_env, fake_program
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
 

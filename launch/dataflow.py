@@ -1,0 +1,289 @@
+"""Run the MNIST -> TFRecord conversion job on Google Cloud Dataflow.
+
+    python scripts/launch_dataflow.py --project=P --region=us-central1 \\
+        --temp_location=gs://BUCKET/tmp --output=gs://BUCKET/mnist [--dry_run]
+
+What it runs, in order:
+
+1. ``python -m pip wheel --no-deps`` on a clean copy of this project, giving a
+   pure-Python wheel with the ``pipeline`` and ``trainer`` packages.
+2. ``python -m pipeline --runner=DataflowRunner ... --extra_package=WHEEL
+   --requirements_file=REQS --requirements_cache=skip`` from the repository
+   root.
+
+Why a wheel and ``--extra_package`` rather than ``--setup_file``: Beam 2.77
+accepts ``--setup_file=pyproject.toml``, but it then builds an sdist with
+``python -m build --no-isolation``, so the launching environment needs the
+``build`` package *and* the build backend pyproject.toml asks for
+(setuptools>=68) installed next to Beam; neither comes with this project's
+extras, and without them submission fails ("Failed to build package from
+.../pyproject.toml using 'python -m build'"). ``--setup_file`` also wants a
+``setup.py``/``pyproject.toml`` path whose folder is the project, and the
+worker then rebuilds the sdist on every VM. A wheel built here needs only pip,
+and the Beam worker boot installs each ``--extra_package`` in two passes
+(``pip install --force-reinstall --no-deps`` then ``pip install``), so the
+wheel's own dependencies (numpy, tensorflow) are resolved on the worker.
+
+The requirements file holds the project's ``pipeline`` extra minus
+apache-beam (the worker image already runs the matching Beam SDK).
+``--requirements_cache=skip`` makes workers install it from PyPI instead of
+having this machine download TensorFlow and upload it to the staging bucket.
+With ``--sdk_container_image`` (an image that already holds the
+dependencies) no requirements file is staged.
+
+Settings come from flags, else from environment variables:
+
+    --project         GOOGLE_CLOUD_PROJECT, CLOUDSDK_CORE_PROJECT
+    --region          DATAFLOW_REGION, CLOUDSDK_COMPUTE_REGION
+    --temp_location   DATAFLOW_TEMP_LOCATION
+    --output          DATAFLOW_OUTPUT
+
+Any argument this script does not know is passed on to ``python -m
+pipeline`` unchanged (e.g. ``--compression=gzip``, ``--image_format=png``).
+``--dry_run`` prints the commands (``cd`` to the repository first) and exits
+0 without running or writing anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as _dt
+import re
+import sys
+from pathlib import Path
+from typing import Mapping, Sequence
+
+
+from launch import common as lc
+
+from mnist_common.flags import OneLineParser
+
+DEFAULT_DIST_DIR = lc.REPO_ROOT / "dist" / "dataflow"
+REQUIREMENTS_NAME = "dataflow-requirements.txt"
+# Dataflow job names: lowercase letters, digits and hyphens, starting with a
+# letter and not ending with a hyphen.
+_JOB_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+# Installed on workers by the Beam container itself.
+_PROVIDED_BY_WORKER = {"apache-beam"}
+
+
+@dataclasses.dataclass
+class DataflowConfig:
+    project: str
+    region: str
+    temp_location: str
+    staging_location: str
+    output: str
+    job_name: str
+    python: str = sys.executable
+    dist_dir: Path = DEFAULT_DIST_DIR
+    build_isolation: bool = True
+    source: str | None = None
+    target_shard_mb: float | None = None
+    num_workers: int | None = None
+    max_num_workers: int | None = None
+    machine_type: str | None = None
+    experiments: list[str] = dataclasses.field(default_factory=list)
+    sdk_container_image: str | None = None
+    service_account_email: str | None = None
+    pipeline_args: list[str] = dataclasses.field(default_factory=list)
+
+
+def default_job_name(now: _dt.datetime | None = None) -> str:
+    now = now or _dt.datetime.now(_dt.timezone.utc)
+    return "mnist-tfrecords-" + now.strftime("%Y%m%d-%H%M%S")
+
+
+def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    parser = OneLineParser(
+        allow_abbrev=False,
+        description="Run `python -m pipeline` on Dataflow with this project "
+                    "staged on the workers. Unknown arguments go to the "
+                    "pipeline.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Settings come from" + __doc__.split("Settings come from", 1)[1])
+    parser.add_argument("--project", help="GCP project id")
+    parser.add_argument("--region", help="Dataflow region, e.g. us-central1")
+    parser.add_argument("--temp_location", help="gs:// folder for temp files")
+    parser.add_argument("--staging_location",
+                        help="gs:// folder for staged packages "
+                             "(default: TEMP_LOCATION/staging)")
+    parser.add_argument("--output", help="gs:// prefix for shards + metadata")
+    parser.add_argument("--job_name", help="default: mnist-tfrecords-<UTC>")
+    parser.add_argument("--source", help="passed to the pipeline's --source")
+    parser.add_argument("--target_shard_mb", type=float)
+    parser.add_argument("--num_workers", type=int)
+    parser.add_argument("--max_num_workers", type=int)
+    parser.add_argument("--machine_type", help="worker type, e.g. n2-standard-4")
+    parser.add_argument("--experiments", action="append", default=[],
+                        help="Dataflow experiment; repeat for several")
+    parser.add_argument("--sdk_container_image",
+                        help="worker image that already holds the "
+                             "dependencies (then no requirements file)")
+    parser.add_argument("--service_account_email")
+    parser.add_argument("--python", default=sys.executable,
+                        help="interpreter with apache-beam[gcp] installed")
+    parser.add_argument("--dist_dir", type=Path, default=DEFAULT_DIST_DIR,
+                        help="where the wheel and requirements file go")
+    parser.add_argument("--no_build_isolation", action="store_true",
+                        help="build the wheel with the installed setuptools "
+                             "(offline machines)")
+    parser.add_argument("--dry_run", action="store_true",
+                        help="print the commands and exit")
+    args, rest = parser.parse_known_args(list(argv))
+    _refuse_abbreviations(args, rest)
+    return args, rest
+
+
+def _refuse_abbreviations(args: argparse.Namespace, rest: Sequence[str]) -> None:
+    """An unknown flag that begins one of the launcher's (``--dry`` for
+    ``--dry_run``) would go to the pipeline while the launcher's flag stays
+    unset (and the job is submitted): refused, flags are spelled out."""
+    own = sorted(f"--{name}" for name in vars(args))
+    for arg in rest:
+        name = arg.split("=", 1)[0]
+        matches = [flag for flag in own if name.startswith("--") and flag.startswith(name)]
+        if matches:
+            raise lc.ConfigError(f"{name}: not a flag; flags are not abbreviated "
+                                 f"(did you mean {' or '.join(matches)}?)")
+
+
+def _required(value, names: Sequence[str], flag: str,
+              environ: Mapping[str, str] | None) -> str:
+    """The flag's ``value``, else the first of the environment variables
+    ``names`` that is set; ConfigError if neither is."""
+    found = lc.first_setting(value, lc.env(*names, environ=environ))
+    if not found:
+        raise lc.ConfigError(f"{flag} is required (or set {names[0]})")
+    return found
+
+
+def _check_job_flags(args: argparse.Namespace, pipeline_args: Sequence[str]) -> None:
+    """Refuses a shard size, worker counts and pipeline flags no Dataflow job could take."""
+    if args.target_shard_mb is not None and args.target_shard_mb <= 0:
+        raise lc.ConfigError("--target_shard_mb must be positive")
+    for flag in ("num_workers", "max_num_workers"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise lc.ConfigError(f"--{flag} must be at least 1")
+    for arg in pipeline_args:
+        if arg.split("=", 1)[0] in ("--runner", "--setup_file"):
+            raise lc.ConfigError(
+                f"{arg.split('=', 1)[0]} is set by this launcher; drop it")
+
+
+def resolve_config(args: argparse.Namespace, pipeline_args: Sequence[str],
+                   environ: Mapping[str, str] | None = None) -> DataflowConfig:
+    """Merge flags with environment variables and validate; ConfigError."""
+    project = _required(args.project, ("GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT"),
+                        "--project", environ)
+    region = _required(args.region, ("DATAFLOW_REGION", "CLOUDSDK_COMPUTE_REGION"),
+                       "--region", environ)
+    temp = _required(args.temp_location, ("DATAFLOW_TEMP_LOCATION",), "--temp_location",
+                     environ)
+    temp = lc.require_gs(temp, "--temp_location")
+    staging = lc.require_gs(args.staging_location or temp + "/staging",
+                            "--staging_location")
+    output = _required(args.output, ("DATAFLOW_OUTPUT",), "--output", environ)
+    output = lc.require_gs(output, "--output")
+    job_name = args.job_name or default_job_name()
+    if not _JOB_NAME_RE.match(job_name):
+        raise lc.ConfigError(
+            f"--job_name {job_name!r} must be lowercase letters, digits and "
+            "hyphens, starting with a letter")
+    _check_job_flags(args, pipeline_args)
+    return DataflowConfig(
+        project=project, region=region, temp_location=temp,
+        staging_location=staging, output=output, job_name=job_name,
+        python=args.python, dist_dir=Path(args.dist_dir).resolve(),
+        build_isolation=not args.no_build_isolation, source=args.source,
+        target_shard_mb=args.target_shard_mb, num_workers=args.num_workers,
+        max_num_workers=args.max_num_workers, machine_type=args.machine_type,
+        experiments=list(args.experiments),
+        sdk_container_image=args.sdk_container_image,
+        service_account_email=args.service_account_email,
+        pipeline_args=list(pipeline_args))
+
+
+def worker_requirements(pyproject: Mapping) -> list[str]:
+    """The ``pipeline`` extra, less what the Beam worker image provides."""
+    return [req for req in lc.extra_requirements(pyproject, "pipeline")
+            if lc.requirement_name(req) not in _PROVIDED_BY_WORKER]
+
+
+def wheel_path(cfg: DataflowConfig, pyproject: Mapping) -> Path:
+    return cfg.dist_dir / lc.wheel_filename(*lc.project_name_version(pyproject))
+
+
+def requirements_path(cfg: DataflowConfig) -> Path:
+    return cfg.dist_dir / REQUIREMENTS_NAME
+
+
+def build_command(cfg: DataflowConfig) -> lc.Command:
+    return lc.wheel_build_command(cfg.python, cfg.dist_dir / "src",
+                                  cfg.dist_dir, cfg.build_isolation)
+
+
+def pipeline_command(cfg: DataflowConfig, pyproject: Mapping) -> lc.Command:
+    cmd = [
+        cfg.python, "-m", "pipeline",
+        "--runner=DataflowRunner",
+        f"--project={cfg.project}",
+        f"--region={cfg.region}",
+        f"--temp_location={cfg.temp_location}",
+        f"--staging_location={cfg.staging_location}",
+        f"--job_name={cfg.job_name}",
+        f"--output={cfg.output}",
+        f"--extra_package={wheel_path(cfg, pyproject)}",
+    ]
+    if cfg.sdk_container_image:
+        cmd.append(f"--sdk_container_image={cfg.sdk_container_image}")
+    else:
+        cmd += [f"--requirements_file={requirements_path(cfg)}",
+                "--requirements_cache=skip"]
+    if cfg.source:
+        cmd.append(f"--source={cfg.source}")
+    if cfg.target_shard_mb is not None:
+        cmd.append(f"--target_shard_mb={cfg.target_shard_mb:g}")
+    if cfg.num_workers is not None:
+        cmd.append(f"--num_workers={cfg.num_workers}")
+    if cfg.max_num_workers is not None:
+        cmd.append(f"--max_num_workers={cfg.max_num_workers}")
+    if cfg.machine_type:
+        cmd.append(f"--machine_type={cfg.machine_type}")
+    cmd += [f"--experiments={exp}" for exp in cfg.experiments]
+    if cfg.service_account_email:
+        cmd.append(f"--service_account_email={cfg.service_account_email}")
+    return cmd + cfg.pipeline_args
+
+
+def plan(cfg: DataflowConfig, pyproject: Mapping) -> list[lc.Command]:
+    """Every command a real run executes, in order (cwd: the repository)."""
+    return [build_command(cfg), pipeline_command(cfg, pyproject)]
+
+
+def execute(cfg: DataflowConfig, pyproject: Mapping) -> int:
+    lc.build_wheel(cfg.python, cfg.dist_dir, cfg.build_isolation, pyproject)
+    if not cfg.sdk_container_image:
+        requirements_path(cfg).write_text(
+            "\n".join(worker_requirements(pyproject)) + "\n")
+    return lc.run_command(pipeline_command(cfg, pyproject), cwd=lc.REPO_ROOT)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args, rest = parse_args(sys.argv[1:] if argv is None else argv)
+        cfg = resolve_config(args, rest)
+        pyproject = lc.load_pyproject()
+        if args.dry_run:
+            print(lc.format_commands([["cd", str(lc.REPO_ROOT)]]
+                                     + plan(cfg, pyproject)))
+            return 0
+        return execute(cfg, pyproject)
+    except lc.ConfigError as exc:
+        return lc.fail(str(exc))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

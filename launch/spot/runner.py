@@ -1,0 +1,432 @@
+"""``launch_tpu_vm.py run``: a spot TPU run from start to result, through preemptions.
+
+A loop in the manner of Orbit's controller: observe (`Cloud.observe`: the
+VM's state, and the trainer's over ssh when the VM is READY), ask
+`spot_decide.decide`, act, observe again. The actions:
+
+create   ``tpu-vm create --spot`` (or a queued resource with ``--queued``);
+         a stockout is retried with backoff.
+setup    copy and install the project wheel (built once, here), then start
+         the trainer detached (the ``setup`` and ``train`` steps' commands).
+recover  the VM was preempted (or the trainer stopped on SIGTERM): delete
+         it, wait until describe says it is gone, and let the next round
+         create a new one; its trainer resumes from the newest checkpoint
+         in the gs:// model_dir and takes over the dead VM's lock at once
+         (`launch.tpu.commands.train_script`'s ``dead_hosts``).
+wait     training, or the VM is being made, or a call failed (retried with
+         backoff for at most ``--retry_seconds``).
+
+There is one VM name, and a create happens only after describe said
+NOT_FOUND, so there is never a second VM of the run; every ending deletes
+the VM (``--keep`` keeps a READY one), Ctrl-C, SIGTERM and SIGHUP included.
+A run ends once: from the moment it ends, signals are ignored (the VM is
+being deleted), so it reports one ending and one summary.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
+from launch import common as lc
+from launch.spot import decide as sd
+from launch.tpu import commands as tc
+from launch.spot.cloud import Cloud, create_failure, last_line
+from launch.spot.events import Events, Standing
+from launch.spot.journal import Journal, JournalError, identity
+
+EXIT_INTERRUPTED = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
+
+
+class Interrupted(Exception):
+    """The launcher got SIGINT, SIGTERM or SIGHUP."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class RunError(Exception):
+    """The run must end now with ``code``; the message is one line."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+def trainer_cadence(cfg: tc.TpuConfig) -> tuple[int, int, int, bool] | None:
+    """The trainer's epochs, ``--checkpoint_every``, steps per call and
+    whether it runs the Keras loop, from its own flags (None: unreadable)."""
+    from trainer.config import flag_problem, parse_flags
+    argv = tc.trainer_command(cfg)[3:]
+    if flag_problem(argv, on_tpu=True):
+        return None
+    config = parse_flags(argv, on_tpu=lambda _: True)
+    return (config.epochs, config.checkpoint_every, config.steps_per_execution,
+            config.loop == "keras")
+
+
+class RunEnds:
+    """A run's state and counts, and how it removes its VM and ends
+    (`SpotRun` adds how it goes)."""
+
+    def __init__(self, cfg: tc.TpuConfig, cloud: Cloud, events: Events,
+                 standing: Standing, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep):
+        self.cfg, self.cloud, self.events, self.s = cfg, cloud, events, standing
+        self.clock, self.sleep = clock, sleep
+        self.started = clock()
+        self.had_vm = False
+        self.setup_rc: int | None = None
+        self.failures, self.failing_since = 0, None  # describe and ssh calls
+        self.refusals, self.refused_since = 0, None  # creates
+        self.wheel_built = False
+        self.ending = False
+        self.cadence = trainer_cadence(cfg)
+
+    def _tally(self) -> sd.Tally:
+        def since(start):
+            return 0.0 if start is None else self.clock() - start
+        return sd.Tally(recoveries=self.s.recoveries - self.s.lost_noted,
+                        max_recoveries=self.cfg.max_recoveries, had_vm=self.had_vm,
+                        setup_rc=self.setup_rc, failing_seconds=since(self.failing_since),
+                        refused_seconds=since(self.refused_since),
+                        retry_seconds=self.cfg.retry_seconds,
+                        elapsed=self.clock() - self.started,
+                        wait_timeout=self.cfg.wait_timeout)
+
+    def _failed(self) -> None:
+        self.failures += 1
+        if self.failing_since is None:
+            self.failing_since = self.clock()
+
+    def _answered(self) -> None:
+        self.failures, self.failing_since = 0, None
+
+    def _gap(self) -> int | None:
+        """The most steps between two of the trainer's checkpoints."""
+        if self.cadence is None:
+            return None
+        return sd.checkpoint_gap(self.s.total, *self.cadence)
+
+    def _remove(self) -> None:
+        """Deletes the VM and returns once describe says it is gone; retried
+        for ``--retry_seconds``, then `RunError` (255) naming the VM left.
+        ``deleted`` is reported only when there was a VM to delete."""
+        deadline = self.clock() + self.cfg.retry_seconds
+        failures, existed = 0, False
+        while True:
+            state = self.cloud.vm_state()
+            if state == sd.GONE:
+                break
+            existed = existed or state != sd.UNKNOWN
+            if state != "DELETING":
+                rc, out, err = self.cloud.delete()
+                existed = existed or rc == 0
+                if rc == 0 or "NOT_FOUND" in err:
+                    continue
+                failures += 1
+            if self.clock() > deadline:
+                raise RunError(sd.EXIT_LOST, f"{self.cfg.name} could not be deleted in "
+                               f"{self.cfg.retry_seconds:g} s (--retry_seconds); delete it "
+                               "yourself: " + " ".join(tc.delete_commands(self.cfg)[0]))
+            self.sleep(sd.backoff(failures, self.cfg.poll_seconds))
+        self.s.forget_vm()
+        self.had_vm, self.setup_rc = False, None
+        if existed:
+            self.events.emit("deleted", f"{self.cfg.name}", vm=self.cfg.name)
+
+    def _end(self, decision: sd.Decision, vm: str, trainer: sd.Trainer) -> int:
+        self.ending = True
+        code = decision.code
+        if decision.action == sd.GIVE_UP and not self.s.lost_unrecovered:
+            self._note_loss(decision, vm, trainer, recovering=False)
+        if decision.action == sd.FAIL and vm == sd.READY:
+            self._fetch_log()
+        usable = vm == sd.READY and decision.action != sd.GIVE_UP
+        try:
+            if not (self.cfg.keep and usable):
+                self._remove()
+        except RunError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            code = code or exc.code
+        event = {sd.FINISH: "finished", sd.FAIL: "failed", sd.GIVE_UP: "gave up",
+                 sd.LOST: "lost", sd.TIMEOUT: "timeout"}[decision.action]
+        message = decision.why or "the trainer exited 0"
+        if self.cfg.keep and usable:
+            message += f"; {self.cfg.name} kept (--keep)"
+        self.events.emit(event, f"{self.cfg.name}: {message}", exit=code)
+        self._summary(code)
+        if decision.code:  # else the delete failed, which said so
+            print(f"error: {self.cfg.name}: {message}", file=sys.stderr)
+        return code
+
+    def _fetch_log(self) -> None:
+        dest = self.cfg.logs_dir / f"{self.cfg.name}-train.log"
+        try:
+            rc, out, err = self.cloud.fetch_log(dest)
+        except OSError as exc:
+            rc, out, err = 1, "", f"{dest.parent}: {exc.strerror}"
+        if rc == 0:
+            print(f"the trainer's log: {dest}", file=sys.stderr)
+        else:
+            print(f"warning: the trainer's log was not copied ({last_line(err + out)})",
+                  file=sys.stderr)
+
+    def _interrupted(self, signum: int) -> int:
+        """Ctrl-C, SIGTERM or SIGHUP: deletes the VM (``--keep``: keeps it);
+        further signals are ignored (`ending`), so the VM is never left
+        half handled."""
+        self.ending = True
+        code = EXIT_INTERRUPTED[signum]
+        name = signal.Signals(signum).name
+        try:
+            if not self.cfg.keep:
+                print(f"{name}: deleting {self.cfg.name} before exiting",
+                      file=sys.stderr, flush=True)
+                self._remove()
+        except RunError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+        self.events.emit("interrupted", f"{self.cfg.name}: stopped by {name}", exit=code)
+        self._summary(code)
+        return code
+
+    def _summary(self, code: int) -> None:
+        redo = self.s.redo_known(self._gap())
+        wall = self.clock() - self.started
+        self.events.emit("summary", f"{self.s.recoveries} recoveries; steps trained "
+                         f"again after each preemption: "
+                         f"{', '.join(r.text() for r in redo) or 'none'}; wall time "
+                         f"{wall:.0f} s; exit {code}", recoveries=self.s.recoveries,
+                         redo=[[r.least, r.most] for r in redo],
+                         wall_seconds=round(wall, 1), exit=code)
+
+    def _note_loss(self, decision: sd.Decision, vm: str, trainer: sd.Trainer,
+                   recovering: bool = True) -> None:
+        """The ``preempted`` event of a lost VM. A VM lost before its trainer
+        started cost no steps; otherwise the new trainer's resume step tells
+        how many (`Standing.note_resume`). Not ``recovering``: the run gives
+        up, and the loss counts no recovery."""
+        s = self.s
+        seen, stopped = s.seen_here, vm == sd.READY and trainer.state == "exited"
+        where = ("before its trainer started" if not s.trained_here else
+                 f"at step {seen}" if seen is not None else
+                 "before the launcher saw a step of its trainer")
+        s.forget_vm()
+        if not recovering:
+            s.lost_unrecovered = True
+            self.events.emit("preempted", f"{self.cfg.name}: {decision.why}; preempted "
+                             f"{where}; not recovered", step=seen, vm=self.cfg.name)
+            return
+        s.recoveries += 1
+        s.lost_noted, s.step_at_loss, s.stopped_cleanly = True, seen, stopped
+        s.awaiting_resume = s.trained_here
+        redo = None if s.trained_here else sd.Redo(0, 0)
+        s.redo.append(redo)
+        self.events.emit("preempted", f"{self.cfg.name}: {decision.why}; preempted {where}",
+                         step=seen, stopped_cleanly=stopped, recovery=s.recoveries,
+                         redo=None if redo is None else [0, 0], vm=self.cfg.name)
+
+
+class SpotRun(RunEnds):
+    """One spot run: observe, `spot_decide.decide`, act, until an ending."""
+
+    def run(self, prepare: Callable[[], None] = lambda: None) -> int:
+        """The whole run; its exit status (`spot_decide`'s, or 128+N for
+        signal N). ``prepare`` runs first, under the same signal handling."""
+        with self._signals_raise():
+            try:
+                prepare()
+                return self._loop()
+            except RunError as exc:
+                return self._end(sd.Decision(sd.FAIL, exc.code, str(exc)), sd.UNKNOWN,
+                                 sd.Trainer(sd.UNASKED))
+            except lc.ConfigError as exc:  # the wheel did not build
+                return self._end(sd.Decision(sd.FAIL, 2, str(exc)), sd.UNKNOWN,
+                                 sd.Trainer(sd.UNASKED))
+            except Interrupted as exc:
+                return self._interrupted(exc.signum)
+            except KeyboardInterrupt:
+                return self._interrupted(signal.SIGINT)
+
+    @contextmanager
+    def _signals_raise(self) -> Iterator[None]:
+        """SIGINT, SIGTERM and SIGHUP raise `Interrupted` until the run
+        ends; then they are ignored (only the main thread takes signals)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handler(signum, frame):
+            if not self.ending:
+                raise Interrupted(signum)
+        previous = {s: signal.signal(s, handler) for s in EXIT_INTERRUPTED}
+        try:
+            yield
+        finally:
+            for s, old in previous.items():
+                signal.signal(s, old)
+
+    def _loop(self) -> int:
+        self._announce()
+        while True:
+            vm, trainer = self._observe()
+            decision = sd.decide(vm, trainer, self._tally())
+            if decision.action in sd.ENDINGS:
+                return self._end(decision, vm, trainer)
+            if decision.action == sd.WAIT:
+                self.sleep(sd.backoff(self.failures, self.cfg.poll_seconds))
+            elif decision.action == sd.CREATE:
+                self._create()
+            elif decision.action == sd.SETUP:
+                self._setup()
+            elif decision.action == sd.RECOVER:
+                if not self.s.lost_noted:
+                    self._note_loss(decision, vm, trainer)
+                self._remove()
+            else:  # REPLACE: a queued resource that failed
+                self.events.emit("replacing", f"{self.cfg.name}: {decision.why}")
+                self._remove()
+
+    def _announce(self) -> None:
+        """The ``started`` event: what runs, and where a restarted launcher
+        takes its run up (its identity is checked against the journal's)."""
+        cfg, s = self.cfg, self.s
+        taken_up = (f"; taking up the run in {cfg.events}: {s.recoveries} "
+                    f"recoveries so far" if s.events else "")
+        self.events.emit("started", f"{cfg.name}: {cfg.accelerator_type} in {cfg.zone}, "
+                         f"model_dir {cfg.model_dir}{taken_up}", run=identity(cfg))
+
+    # ------------------------------------------------------------ observe
+
+    def _observe(self) -> tuple[str, sd.Trainer]:
+        """The VM's state and, when it is READY, its trainer's; a failed
+        describe or status check counts toward ``--retry_seconds``."""
+        vm = self.cloud.vm_state()
+        if vm == sd.UNKNOWN:
+            self._failed()
+            return vm, sd.Trainer(sd.UNASKED)
+        if vm not in (sd.GONE, "DELETING"):
+            self.had_vm = True
+        if vm != sd.READY:
+            self._answered()
+            return vm, sd.Trainer(sd.UNASKED)
+        trainer, progress = self.cloud.trainer()
+        if trainer.state == sd.UNREACHABLE:
+            self._failed()
+            return vm, trainer
+        self._answered()
+        self.s.trained_here |= trainer.state != "not started"
+        if progress:
+            self._note_progress(progress)
+        return vm, trainer
+
+    def _note_progress(self, progress: list[tc.Progress]) -> None:
+        """A ``training`` event when the step moved, ``resumed`` once the
+        trainer of a recovery says where it resumed."""
+        hosts = sorted({p.host for p in progress})
+        steps = [p for p in progress if p.step is not None]
+        if not steps:
+            self.s.vm_hosts |= set(hosts)
+            return
+        latest = max(steps, key=lambda p: p.step)
+        self.s.total = latest.total or self.s.total
+        if self.s.awaiting_resume:
+            resumed = max((p.resumed or 0) for p in steps)
+            redo = self.s.note_resume(resumed, self._gap())
+            self.events.emit("resumed", f"{self.cfg.name}: resumed at step {resumed}; "
+                             f"{redo.text()} step(s) trained again",
+                             step=resumed, redo=[redo.least, redo.most])
+        if (latest.step != self.s.seen_here or latest.step != self.s.last_step
+                or set(hosts) - self.s.vm_hosts):
+            self.s.vm_hosts |= set(hosts)
+            self.s.last_step = self.s.seen_here = latest.step
+            self.events.emit("training", f"{self.cfg.name}: step {latest.step}/"
+                             f"{latest.total}", step=latest.step, total=latest.total,
+                             hosts=sorted(self.s.vm_hosts))
+
+    # ------------------------------------------------------------ actions
+
+    def _create(self) -> None:
+        """Creates the VM (the wheel is built first, so a build that fails
+        costs no VM); every refusal in a row counts toward ``--retry_seconds``
+        and waits longer (`spot_decide.backoff`)."""
+        self._build_wheel()
+        rc, out, err = self.cloud.create()
+        what = "queued resource" if self.cfg.queued else "spot VM" if self.cfg.spot else "VM"
+        if rc == 0:
+            self.refusals, self.refused_since = 0, None
+            self.setup_rc, self.s.lost_noted, self.s.trained_here = None, False, False
+            self.s.lost_unrecovered, self.s.seen_here = False, None
+            self.events.emit("created", f"{self.cfg.name}: {what} "
+                             f"{self.cfg.accelerator_type} in {self.cfg.zone}", vm=self.cfg.name)
+            return
+        kind = create_failure(err + out)
+        if kind == "permanent":
+            raise RunError(1, f"creating {self.cfg.name} failed: {last_line(err + out)}")
+        self.refusals += 1
+        if self.refused_since is None:
+            self.refused_since = self.clock()
+        wait = sd.backoff(self.refusals, self.cfg.poll_seconds)
+        self.events.emit("no capacity" if kind == "stockout" else "create failed",
+                         f"{self.cfg.name}: {last_line(err + out)}; trying again in "
+                         f"{wait:g} s")
+        self.sleep(wait)
+
+    def _build_wheel(self) -> None:
+        if not self.wheel_built:
+            self.cloud.build_wheel()
+            self.wheel_built = True
+
+    def _setup(self) -> None:
+        """Installs on the VM and starts the trainer; a failure is kept in
+        ``setup_rc`` for `decide` (255: ssh could not reach the VM, retried)."""
+        self._build_wheel()
+        rc, out, err = self.cloud.install()
+        if rc == 0:
+            self.events.emit("set up", f"{self.cfg.name}: TensorFlow and the project "
+                             "installed")
+            rc, out, err = self.cloud.start_trainer(sorted(self.s.dead_hosts))
+        self.setup_rc = rc or None
+        if rc == 0:
+            self._answered()
+            self._started()
+        elif rc == sd.EXIT_LOST:
+            self._failed()
+            self.events.emit("ssh failed", f"{self.cfg.name}: {last_line(err or out)}")
+            self.sleep(sd.backoff(self.failures, self.cfg.poll_seconds))
+        else:
+            print(f"{(err + out).strip()[-3000:]}", file=sys.stderr)
+
+    def _started(self) -> None:
+        self.s.trained_here = True
+        if self.s.recoveries > self.s.announced:
+            self.s.announced = self.s.recoveries
+            self.events.emit("recovered", f"{self.cfg.name}: training again "
+                             f"({self.s.recoveries} of {self.cfg.max_recoveries})",
+                             recovery=self.s.recoveries)
+        else:
+            self.events.emit("training", f"{self.cfg.name}: trainer started")
+
+
+def run_spot(cfg: tc.TpuConfig, cloud: Cloud,
+             prepare: Callable[[], None] = lambda: None) -> int:
+    """``run`` with real gcloud calls. The ``--events`` journal is read,
+    checked and locked before anything else (a damaged one, or one another
+    launcher holds, ends the launcher in one line with nothing done); a
+    killed launcher's run is taken up from it."""
+    journal, standing = None, Standing()
+    if cfg.events is not None:
+        try:
+            journal, standing = Journal.open(cfg.events, identity(cfg))
+        except JournalError as exc:
+            return lc.fail(str(exc), exc.code)
+    try:
+        return SpotRun(cfg, cloud, Events(journal), standing).run(prepare)
+    finally:
+        if journal is not None:
+            journal.close()

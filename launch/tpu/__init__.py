@@ -1,0 +1,3 @@
+"""The TPU VM launcher: `launch.tpu.topology` knows the slices,
+`launch.tpu.commands` builds the gcloud and host commands, `launch.tpu.cli`
+parses the flags and runs the steps."""

@@ -1,0 +1,215 @@
+"""The spot run's loop against a scripted cloud (`tests.launch.spot.scripted`):
+how it retries refused creates, what it says a preemption cost, which events
+it reports at each ending, and that it ends once. No clock: the run's waits
+are recorded, not slept."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+
+import pytest
+
+from launch import common as lc
+from launch.spot import decide as sd
+from launch.spot import events as spot_events
+from launch.spot import runner as spot_runner
+from tests.launch.helpers import tpu_plan
+from tests.launch.spot.scripted import ScriptedCloud, kinds, loop, progress
+
+STOCKOUT = (1, "", "ERROR: RESOURCE_EXHAUSTED: There is no more capacity in the zone")
+# The trainer's checkpoints: every 6 steps, 22-step epochs (66 steps in 3).
+CADENCE = ("--loop=custom", "--checkpoint_every=6", "--epochs=3")
+
+
+# ------------------------------------------------- refused creates
+
+def test_refused_creates_back_off_and_end_after_retry_seconds(tmp_path):
+    """Every create refused, each refusal followed by a describe that says
+    NOT_FOUND: the waits still double (1, 2, 4 s, up to --poll_seconds) and
+    the run ends 255 once creates were refused for --retry_seconds."""
+    sleeps = []
+    cloud = ScriptedCloud([], creates=[STOCKOUT] * 100)
+    code, out = loop(cloud, tmp_path, "--poll_seconds=60", "--retry_seconds=5",
+                     sleeps=sleeps)
+    assert code == 255
+    assert sleeps == [1, 2, 4]
+    assert cloud.calls.count("create") == 3
+    assert "lost: mnist-tpu: every create was refused for 7 s (--retry_seconds)" in out
+
+
+def test_refusals_wait_at_most_the_poll(tmp_path):
+    sleeps = []
+    cloud = ScriptedCloud([], creates=[STOCKOUT] * 100)
+    code, _ = loop(cloud, tmp_path, "--poll_seconds=3", "--retry_seconds=20", sleeps=sleeps)
+    assert code == 255 and sleeps == [1, 2, 3, 3, 3, 3, 3, 3]
+
+
+def test_a_create_that_succeeds_ends_the_refusals(tmp_path):
+    """Two refusals, then a VM that trains through two 60 s waits: the
+    refusals before it count no more toward --retry_seconds."""
+    sleeps = []
+    cloud = ScriptedCloud(["GONE", "GONE", "GONE", "READY", "READY", "READY", "READY"],
+                          [progress("not started"), progress("running", step=2),
+                           progress("running", step=4), progress("exited", 0, 66)],
+                          creates=[STOCKOUT, STOCKOUT])
+    code, out = loop(cloud, tmp_path, "--poll_seconds=60", "--retry_seconds=5",
+                     sleeps=sleeps)
+    assert code == 0, out
+    assert sleeps == [1, 2, 60, 60]
+    assert kinds(out).count("no capacity") == 2 and "created" in kinds(out)
+
+
+# ------------------------------------------------- what a preemption cost
+
+@pytest.mark.parametrize("seen, resumed, cleanly, gap, least, most, text", [
+    (None, 6, False, 6, 0, 6, "at most 6"),
+    (10, 6, False, 6, 4, 6, "4 to 6"),
+    (30, 30, True, 6, 0, 0, "0"),
+    (12, 6, True, 6, 6, 6, "6"),
+    (30, 6, False, 6, 24, None, "at least 24"),  # the newest checkpoint was skipped
+    (None, 6, False, None, 0, None, "unknown"),
+    (8, None, False, 6, 0, 6, "at most 6"),
+])
+def test_what_is_known_of_the_steps_trained_again(seen, resumed, cleanly, gap, least,
+                                                  most, text):
+    redo = sd.redo_after(seen, resumed, cleanly, gap)
+    assert (redo.least, redo.most, redo.text()) == (least, most, text)
+
+
+@pytest.mark.parametrize("total, epochs, every, per_call, keras, gap", [
+    (66, 3, 6, 2, False, 6), (66, 3, 0, 2, False, 22), (66, 3, 10, 4, True, 13),
+    (66, 3, 40, 4, False, 22), (None, 3, 6, 2, False, 6), (None, 3, 0, 50, True, None)])
+def test_the_most_steps_between_two_checkpoints(total, epochs, every, per_call, keras, gap):
+    assert sd.checkpoint_gap(total, epochs, every, per_call, keras) == gap
+
+
+def hard_preemption(seen_step):
+    """A VM whose trainer runs (the launcher saw ``seen_step``, or no step),
+    then PREEMPTED without notice; the next trainer resumes at step 6."""
+    states = ["READY", "READY", "PREEMPTED", "PREEMPTED", "GONE", "GONE",
+              "READY", "READY", "READY", "READY", "GONE"]
+    trainers = [progress("not started"), progress("running", step=seen_step),
+                progress("not started"), progress("running", step=8, resumed=6),
+                progress("exited", 0, 66)]
+    return ScriptedCloud(states, trainers)
+
+
+@pytest.mark.parametrize("seen_step, said", [
+    (None, "at most 6"),   # preempted before the launcher saw a step
+    (10, "4 to 6")])        # steps 7-10 seen, and up to 2 more unseen
+def test_a_hard_preemption_reports_what_is_known_of_its_cost(tmp_path, seen_step, said):
+    code, out = loop(hard_preemption(seen_step), tmp_path, *CADENCE)
+    assert code == 0, out
+    assert f"resumed at step 6; {said} step(s) trained again" in out
+    assert out.splitlines()[-1].split(" ", 1)[1].startswith(
+        f"summary: 1 recoveries; steps trained again after each preemption: {said}; ")
+
+
+def test_the_summary_bounds_a_preemption_whose_resume_was_not_seen(tmp_path):
+    """Preempted again before the new trainer was seen resuming: the
+    checkpoint gap still bounds the first preemption's cost."""
+    states = ["READY", "READY", "PREEMPTED", "PREEMPTED", "GONE", "GONE", "READY",
+              "PREEMPTED", "PREEMPTED", "GONE", "GONE", "READY", "READY", "READY", "GONE"]
+    trainers = [progress("not started"), progress("running", step=10),
+                progress("not started"), progress("not started"),
+                progress("exited", 0, 66, resumed=12)]
+    code, out = loop(ScriptedCloud(states, trainers), tmp_path, *CADENCE)
+    assert code == 0, out
+    assert "steps trained again after each preemption: at most 6, at most 6; " in out
+
+
+# ------------------------------------------------- endings
+
+def test_max_recoveries_0_reports_the_preemption_it_gives_up_on(tmp_path):
+    events = tmp_path / "events.jsonl"
+    cloud = ScriptedCloud(["READY", "READY", "PREEMPTED", "PREEMPTED"],
+                          [progress("not started"), progress("running", step=4)])
+    code, out = loop(cloud, tmp_path, "--max_recoveries=0", events=events)
+    assert code == 75
+    assert kinds(out)[-4:] == ["preempted", "deleted", "gave up", "summary"]
+    assert ("preempted: mnist-tpu: the VM is PREEMPTED; --max_recoveries=0 reached; "
+            "preempted at step 4; not recovered") in out
+    records = [json.loads(line) for line in events.read_text().splitlines()]
+    [preempted] = [r for r in records if r["event"] == "preempted"]
+    assert "recovery" not in preempted and preempted["step"] == 4
+    assert records[-1]["recoveries"] == 0
+
+
+@pytest.mark.parametrize("creates, interrupt_at, code", [
+    ([(1, "", "ERROR: INVALID_ARGUMENT: bad accelerator")], None, 1),
+    ([STOCKOUT] * 9, None, 255),
+    ([], 1, 130)])  # Ctrl-C at the first describe
+def test_deleted_is_said_only_of_a_vm_that_existed(tmp_path, creates, interrupt_at, code):
+    class Cloud(ScriptedCloud):
+        def vm_state(self):
+            if len(self.calls) + 1 == interrupt_at:
+                self.calls.append("describe")
+                raise KeyboardInterrupt
+            return super().vm_state()
+    cloud = Cloud([], creates=creates)
+    got, out = loop(cloud, tmp_path, "--retry_seconds=5", sleeps=[])
+    assert got == code, out
+    assert "deleted" not in kinds(out) and "delete" not in cloud.calls
+    assert kinds(out)[-1] == "summary"
+
+
+class SignalAtSummary(io.StringIO):
+    """The run's output; Ctrl-C reaches the launcher as it prints its
+    (first) summary."""
+
+    def write(self, text):
+        written = super().write(text)
+        if " summary: " in text and " summary: " not in self.getvalue()[:-len(text)]:
+            os.kill(os.getpid(), signal.SIGINT)
+        return written
+
+
+def test_a_signal_once_the_run_ends_does_not_end_it_again(tmp_path):
+    cloud = ScriptedCloud(["READY", "READY", "GONE"], [progress("exited", 0, 66)])
+    code, out = loop(cloud, tmp_path, out=SignalAtSummary())
+    assert code == 0
+    assert kinds(out)[-3:] == ["deleted", "finished", "summary"]
+    assert kinds(out).count("summary") == 1
+
+
+def test_a_wheel_that_does_not_build_costs_no_vm(tmp_path):
+    class Cloud(ScriptedCloud):
+        def build_wheel(self):
+            super().build_wheel()
+            raise lc.ConfigError("building the project wheel failed (exit 1)")
+    cloud = Cloud(["GONE", "READY"], [progress("not started")])
+    code, out = loop(cloud, tmp_path)
+    assert code == 2 and "create" not in cloud.calls
+    assert kinds(out)[-2:] == ["failed", "summary"]
+
+
+def test_a_trainer_log_that_cannot_be_copied_is_a_warning(tmp_path, capsys):
+    class Cloud(ScriptedCloud):
+        def fetch_log(self, dest):
+            super().fetch_log(dest)
+            raise PermissionError(13, "Permission denied")
+    cloud = Cloud(["READY", "READY", "GONE"], [progress("exited", 3, 10)])
+    code, out = loop(cloud, tmp_path)
+    assert code == 3 and cloud.calls[-3:] == ["describe", "delete", "describe"]
+    assert "warning: the trainer's log was not copied" in capsys.readouterr().err
+    assert kinds(out)[-2:] == ["failed", "summary"]
+
+
+def test_a_journal_that_can_no_longer_be_written_is_a_warning(tmp_path, capsys):
+    """The disk fills mid-run: the run goes on and ends as it would."""
+    class FullDisk:
+        def append(self, record):
+            raise OSError(28, "No space left on device")
+    out = io.StringIO()
+    cloud = ScriptedCloud(["READY", "READY", "GONE"], [progress("exited", 0, 66)])
+    cfg, _ = tpu_plan("run", "--poll_seconds=1")
+    run = spot_runner.SpotRun(cfg, cloud, spot_events.Events(FullDisk(), out=out),
+                              spot_events.Standing(), sleep=lambda s: None)
+    assert run.run() == 0
+    assert kinds(out.getvalue())[-2:] == ["finished", "summary"]
+    assert capsys.readouterr().err == (
+        "warning: the journal was not written from here on "
+        "([Errno 28] No space left on device)\n")

@@ -1,0 +1,28 @@
+"""``launch_tpu_vm.py wait`` names a trainer stopped by a signal: preempted, rerun to resume."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from tests.launch.helpers import RUNNING, FakeHost, status_line, tc, wait_with
+from trainer.run import preemption
+
+
+@pytest.mark.parametrize("code, name", [(143, "SIGTERM"), (130, "SIGINT")])
+def test_wait_says_a_stopped_trainer_resumes_on_a_rerun(capsys, code, name):
+    host = FakeHost([RUNNING, (0, status_line(f"exited status={code}"))])
+    assert wait_with(host) == code
+    assert (f"finished with exit status {code} (stopped by {name}: preempted or "
+            "interrupted, after saving a checkpoint; rerun the train step to resume)"
+            ) in capsys.readouterr().err
+
+
+def test_other_statuses_get_no_note():
+    assert tc.exit_note(1) == tc.exit_note(0) == ""
+
+
+def test_the_launcher_knows_the_trainers_statuses():
+    assert tc.STOPPED_BY_SIGNAL == {status: signal.Signals(signum).name
+                                    for signum, status in preemption.EXIT_STATUS.items()}
