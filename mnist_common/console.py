@@ -29,6 +29,9 @@ from typing import BinaryIO, Iterator, Optional
 OK = 0
 FAILURE = 1
 BAD_INPUT = 2
+GAVE_UP = 75      # the TPU launcher's `run`: --max_recoveries reached (EX_TEMPFAIL: rerun)
+TIMED_OUT = 124   # the TPU launcher's wait: --wait_timeout passed (as timeout(1))
+LOST = 255        # the TPU launcher: the cloud or the VM did not answer (as ssh)
 
 
 def stopped_by(signum: int) -> int:
