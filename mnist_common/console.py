@@ -24,6 +24,7 @@ import re
 import signal
 import sys
 import tempfile
+import threading
 from typing import BinaryIO, Iterator, Optional
 
 OK = 0
@@ -41,6 +42,37 @@ def stopped_by(signum: int) -> int:
 
 INTERRUPTED = stopped_by(signal.SIGINT)  # 130
 TERMINATED = stopped_by(signal.SIGTERM)  # 143
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def exit_on_signals(program: str, *, note: str = "") -> Iterator[None]:
+    """Inside the block SIGINT, SIGTERM and SIGHUP end the process with one
+    line ``error: PROGRAM: stopped by SIGTERM[; NOTE]`` on stderr and status
+    128 + N (`stopped_by`), for a program with nothing to save on the way out.
+
+    ``os._exit`` after the line: unwinding would print a traceback from
+    wherever the signal landed. A signal the process was started ignoring
+    (``nohup``) stays ignored. Outside the main thread nothing changes.
+    """
+    def handle(signum, frame):
+        end_capture()
+        line = f"error: {program}: stopped by {signal.Signals(signum).name}"
+        os.write(2, f"{line}{'; ' + note if note else ''}\n".encode())
+        os._exit(stopped_by(signum))
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    for s in STOP_SIGNALS:
+        if previous[s] is not signal.SIG_IGN:
+            signal.signal(s, handle)
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 _NOISE = re.compile(
     rb"WARNING: All log messages before absl::InitializeLog\(\) is called are "

@@ -22,6 +22,7 @@ from mnist_common import console
 
 def test_the_table():
     assert (console.OK, console.FAILURE, console.BAD_INPUT) == (0, 1, 2)
+    assert (console.GAVE_UP, console.TIMED_OUT, console.LOST) == (75, 124, 255)
     assert (console.INTERRUPTED, console.TERMINATED) == (130, 143)
     assert console.stopped_by(signal.SIGHUP) == 129
 
@@ -101,3 +102,43 @@ def test_predict_rows(tmp_path, capsys):
     assert usage.value.code == 2
     assert predict.main([f"--model_dir={tmp_path}", "digit.png"]) == 2  # no export
     assert "no SavedModel" in capsys.readouterr().err
+
+
+_SLEEPER = """
+import sys, time
+from mnist_common import console
+with console.exit_on_signals("demo", note="nothing saved"):
+    print("ready", flush=True)
+    time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_exit_on_signals_is_one_line_and_128_plus_n(signum):
+    import subprocess
+    import sys
+    proc = subprocess.Popen([sys.executable, "-c", _SLEEPER], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=60)  # hang bound; exits within a second here
+    assert proc.returncode == 128 + signum
+    name = signal.Signals(signum).name
+    assert err == f"error: demo: stopped by {name}; nothing saved\n"
+
+
+def test_exit_on_signals_leaves_an_ignored_signal_ignored():
+    import subprocess
+    import sys
+    code = ("import signal; signal.signal(signal.SIGHUP, signal.SIG_IGN)\n" + _SLEEPER
+            + "\n")
+    code = code.replace('print("ready", flush=True)',
+                        'print("ready", flush=True); import os; '
+                        'os.kill(os.getpid(), signal.SIGHUP); print("alive", flush=True)')
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "ready\n"
+    assert proc.stdout.readline() == "alive\n"
+    proc.terminate()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and err.count("\n") == 1
