@@ -16,6 +16,7 @@ from trainer.loop import controller as controller_lib, custom_loop, eval_metrics
 from trainer.model import models as model_lib
 from trainer.run import outputs
 from trainer.run.checkpoints import RunCheckpoints
+from trainer.run.plan import Plan
 
 
 @pytest.mark.tf221  # the TPU build of TensorFlow has no XLA CPU backend
@@ -84,11 +85,11 @@ def test_controller_runs_the_inner_loop_from_boundary_to_boundary(tmp_path, caps
     inner = _RecordingLoop(optimizer)
     writers = summaries.Summaries(str(tmp_path / "logs"), config, 8,
                                   preview=lambda: np.zeros((1, 28, 28, 1), np.float32))
-    controller = controller_lib.Controller(
+    controller = controller_lib.Controller(controller_lib.Parts(
         inner, Evaluator(), RunCheckpoints(config, outputs.Role(), model, optimizer, 8),
-        writers, schedule=controller_lib.Schedule.of(config, 8),
-        recalibrate=lambda: evaluations.append(("recalibrate",
-                                                int(optimizer.iterations.numpy()))))
+        writers, recalibrate=lambda: evaluations.append(("recalibrate",
+                                                         int(optimizer.iterations.numpy())))),
+        Plan.of(config, 1, 8))
     controller.restore()
     controller.train()
     result = controller.finish()

@@ -17,6 +17,7 @@ from trainer.loop import controller as controller_lib, keras_loop, summaries
 from trainer.model import models as model_lib
 from trainer.run import outputs, preemption
 from trainer.run.checkpoints import RunCheckpoints
+from trainer.run.plan import Plan
 from trainer.train import train_and_evaluate
 
 
@@ -53,9 +54,9 @@ def _controller(tmp_path, signals, signum):
     inner = _SignalAfter(optimizer, calls=2, signum=signum)
     writers = summaries.Summaries(str(tmp_path / "logs"), config, 8,
                                   preview=lambda: np.zeros((1, 28, 28, 1), np.float32))
-    return controller_lib.Controller(
+    return controller_lib.Controller(controller_lib.Parts(
         inner, evaluator, RunCheckpoints(config, outputs.Role(), model, optimizer, 8),
-        writers, schedule=controller_lib.Schedule.of(config, 8), signals=signals), inner
+        writers, signals=signals), Plan.of(config, 1, 8)), inner
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
