@@ -23,7 +23,7 @@ from trainer.loop.custom_loop import CustomLoop
 from trainer.loop.evaluator import Evaluator
 from trainer.loop.keras_loop import KerasLoop
 from trainer.run.preflight import Run
-from trainer.run import outputs
+from trainer.run import outputs, resume
 from trainer.run.checkpoints import RunCheckpoints
 from trainer.run.claim import Claim
 from trainer.run.plan import StepSettings
@@ -84,7 +84,9 @@ def build_controller(run: Run, model: keras.Model, optimizer, claim: Claim,
     evaluate = evaluator(run, model)
     signals = StopSignals()
     share = strategy_lib.sum_over_replicas(run.strategy)
-    checkpoints = RunCheckpoints(config, run.role, model, optimizer, plan.steps_per_epoch,
+    checkpoints = RunCheckpoints(config.model_dir, run.role, model, optimizer,
+                                 resume.saved_settings(config, plan.steps_per_epoch),
+                                 keep=config.keep_checkpoints, restart=config.restart,
                                  share=share, replicas=plan.replicas, claim=claim)
     logs_dir = run.role.write_dir(config.model_dir, outputs.LOGS)
     writers = summaries.Summaries(
