@@ -11,6 +11,7 @@ pipelines are built from.
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 import tensorflow as tf
 
@@ -60,17 +61,17 @@ class Plan:
 class ModelSpec:
     """The flags the model and its optimizer are built from (`trainer.model.models.build`)."""
 
-    model: str = "small"
-    augment: bool = False
-    dropout: float = 0.4
-    label_smoothing: float = 0.0
-    optimizer: str = "adam"
-    learning_rate: float = 1e-3
-    lr_schedule: str = "constant"
-    warmup_epochs: float = 0.0  # named in the warning of a warmup longer than the run
-    weight_decay: float = 0.0
-    steps_per_execution: int = 1
-    jit_compile: bool = False
+    model: str
+    augment: bool
+    dropout: float
+    label_smoothing: float
+    optimizer: str
+    learning_rate: float
+    lr_schedule: str
+    warmup_epochs: float  # named in the warning of a warmup longer than the run
+    weight_decay: float
+    steps_per_execution: int
+    jit_compile: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,8 +80,8 @@ class StepSettings:
 
     global_batch_size: int
     steps_per_execution: int
-    label_smoothing: float = 0.0
-    jit_compile: bool = False
+    label_smoothing: float
+    jit_compile: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,10 +89,10 @@ class InputSettings:
     """What the input pipelines read with (`trainer.data.input_pipeline`)."""
 
     global_batch_size: int
-    cache: bool = False
-    seed: object = None  # Optional[int]
-    shuffle_buffer: int = 10_000
-    verify_checksums: bool = False
+    cache: bool
+    seed: Optional[int]
+    shuffle_buffer: int
+    verify_checksums: bool
 
 
 def settings_of(cls: type, config: TrainConfig):
