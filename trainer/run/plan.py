@@ -3,9 +3,9 @@
 `plan_run` (called by `trainer.run.preflight`) checks the batch against the
 replicas, XLA if asked for, and the run's length against ``--profile_steps``,
 and computes each derived value once, into a `Plan`; the parts of the
-trainer take the few values they use from it. `ModelSpec`, `StepSettings` and `InputSettings`
-are the flags the model, the custom loop's train step and the input
-pipelines are built from.
+trainer take the few values they use from it. `ModelSpec`, `StepSettings`
+and `InputSettings` are the flags the model, the custom loop's train step
+and the input pipelines are built from (`settings_of`).
 """
 
 from __future__ import annotations
