@@ -1,12 +1,13 @@
 """The trainer's configuration: one frozen dataclass, its flags, its presets.
 
-`TrainConfig` is the only way settings travel: the command line fills one
-in (`parse_flags`), and every part of the trainer takes the whole object.
+`TrainConfig` is where settings start: the command line fills one in
+(`parse_flags`); `trainer.run.preflight` derives the run's numbers from it
+once (`trainer.run.plan`), and each part of the trainer takes the values it uses.
 Each field's help text sits in its metadata, and the flags are generated
 from the fields (type, default, choices, help), so ``python -m trainer
 --help`` cannot drift from the code. All checks that need no TensorFlow
 run once, in ``__post_init__``; the one that needs the strategy (batch
-divisible by replicas) is `TrainConfig.check_replicas`.
+divisible by replicas) is `trainer.run.plan.check_replicas`.
 
 Presets are named sets of field values applied before explicit flags
 (`PRESETS`); the default, ``auto``, picks ``tpu`` when the strategy is a TPU
@@ -200,41 +201,6 @@ class TrainConfig:
                  f"--dropout must be >= 0 and < 1, not {self.dropout}")
         _require(0 <= self.label_smoothing < 1,
                  f"--label_smoothing must be >= 0 and < 1, not {self.label_smoothing}")
-
-    def warmup_for(self, total_steps: int) -> int:
-        """The warmup in steps, for a run of ``total_steps`` over `epochs` epochs:
-        ``--warmup_epochs`` keeps the same share of a run on any data size."""
-        if self.warmup_epochs:
-            return max(1, round(self.warmup_epochs * total_steps / self.epochs))
-        return self.warmup_steps
-
-    def check_total_steps(self, total_steps: int) -> None:
-        """The check that needs the run's length: ``--profile_steps`` inside it."""
-        if self.profile_steps is not None and self.profile_steps[1] > total_steps:
-            start, end = self.profile_steps
-            raise TrainerError(f"--profile_steps={start},{end} ends after the run's "
-                               f"{total_steps} steps ({self.epochs} epoch(s)); profile "
-                               f"steps within 1..{total_steps}")
-
-    def check_replicas(self, replicas: int) -> None:
-        """The check that needs the strategy: whole per-replica batches."""
-        if self.global_batch_size % replicas:
-            raise TrainerError(f"--global_batch_size={self.global_batch_size} does not "
-                               f"divide into {replicas} replicas")
-        per_replica = self.global_batch_size // replicas
-        ghost = self.ghost_batch_size(replicas)
-        if ghost and per_replica % ghost:
-            raise TrainerError(
-                f"--bn_virtual_batch_size={self.bn_virtual_batch_size} does not divide "
-                f"the per-replica batch of {per_replica} (--global_batch_size="
-                f"{self.global_batch_size} over {replicas} replicas)")
-
-    def ghost_batch_size(self, replicas: int) -> int:
-        """Batch normalization's group in training: ``--bn_virtual_batch_size``,
-        or 0 (the whole per-replica batch) when that batch is no larger, as on
-        a Pod slice where many replicas share the global batch."""
-        per_replica = self.global_batch_size // replicas
-        return self.bn_virtual_batch_size if self.bn_virtual_batch_size < per_replica else 0
 
 
 # Field values a preset sets; explicit flags (or keyword arguments) win.

@@ -69,7 +69,10 @@ def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict
     with _holding_model_dir(run) as claim:
         with _marked_as_training(), _training_errors(run), \
                 models.precision(config.mixed_precision):
-            model, optimizer = models.build(config, run.strategy, run.total_steps)
+            plan = run.plan
+            model, optimizer = models.build(run.model_spec, run.strategy, plan.total_steps,
+                                            warmup_steps=plan.warmup_steps,
+                                            ghost_batch_size=plan.ghost_batch_size)
             result = build_controller(run, model, optimizer, claim, callbacks).run()
             staged = _export(run, model, claim)
         metrics = _metrics(run, result, claim.run_id)
@@ -122,16 +125,16 @@ def _export(run: Run, model: tf_keras.Model, claim: Claim) -> str:
 
 
 def _metrics(run: Run, result: dict, run_id: str) -> dict:
-    config, strategy = run.config, run.strategy
+    config, plan = run.config, run.plan
     return {
         "preset": config.preset,
         "loop": config.loop,
-        "strategy": strategy_lib.public_name(strategy),
-        "replicas": strategy.num_replicas_in_sync,
-        "global_batch_size": config.global_batch_size,
-        "epochs": config.epochs,
-        "steps_per_epoch": run.steps_per_epoch,
-        "train_examples": result["train_steps"] * config.global_batch_size,
+        "strategy": strategy_lib.public_name(run.strategy),
+        "replicas": plan.replicas,
+        "global_batch_size": plan.global_batch_size,
+        "epochs": plan.epochs,
+        "steps_per_epoch": plan.steps_per_epoch,
+        "train_examples": result["train_steps"] * plan.global_batch_size,
         "dataset": run.pin.summary(),
         "export_id": f"{run_id}-step{result['train_steps']}",
         **result,

@@ -307,10 +307,12 @@ def test_an_explicit_warmup_in_either_unit_replaces_the_presets(flags, steps, ep
 
 def test_warmup_epochs_become_the_same_share_of_any_run():
     """2 of 20 epochs: 96 steps at 48 an epoch, 4 at 2; never 0 steps."""
+    from trainer.run import plan as plan_lib  # imports TensorFlow
     config = TrainConfig(data="d", model_dir="m", epochs=20, warmup_epochs=2.0)
-    assert [config.warmup_for(n) for n in (960, 40, 4)] == [96, 4, 1]
-    assert TrainConfig(data="d", model_dir="m", warmup_steps=7).warmup_for(960) == 7
-    assert TrainConfig(data="d", model_dir="m").warmup_for(960) == 0
+    assert [plan_lib.warmup_steps(config, n) for n in (960, 40, 4)] == [96, 4, 1]
+    assert plan_lib.warmup_steps(TrainConfig(data="d", model_dir="m", warmup_steps=7),
+                                 960) == 7
+    assert plan_lib.warmup_steps(TrainConfig(data="d", model_dir="m"), 960) == 0
 
 
 @pytest.mark.parametrize("on_tpu,expected", [(True, "tpu"), (False, "cpu")])
@@ -400,8 +402,9 @@ def test_a_misspelled_required_flag_is_named(capsys):
 def test_config_checks_once_on_creation(kwargs, message):
     with pytest.raises(TrainerError, match=re.escape(message)):
         TrainConfig(data="d", model_dir="m", **kwargs)
+    from trainer.run import plan as plan_lib  # imports TensorFlow
     with pytest.raises(TrainerError, match="does not divide into 3 replicas"):
-        TrainConfig(data="d", model_dir="m", global_batch_size=8).check_replicas(3)
+        plan_lib.check_replicas(TrainConfig(data="d", model_dir="m", global_batch_size=8), 3)
 
 
 @pytest.mark.parametrize("on_tpu, preset", [(False, "cpu"), (True, "tpu")])
@@ -418,17 +421,19 @@ def test_ghost_batches_are_a_flag_of_either_auto_preset(on_tpu, preset):
 
 
 def test_ghost_batches_must_divide_each_replicas_batch():
+    from trainer.run import plan as plan_lib  # imports TensorFlow
     config = TrainConfig(data="d", model_dir="m", model="convnet_bn", global_batch_size=48,
                          bn_virtual_batch_size=8)
-    config.check_replicas(3)  # 16 a replica: two ghost batches of 8
-    assert config.ghost_batch_size(3) == 8
-    config.check_replicas(6)  # 8 a replica: the whole of it, as without the flag
-    config.check_replicas(12)
-    assert config.ghost_batch_size(6) == config.ghost_batch_size(12) == 0
+    plan_lib.check_replicas(config, 3)  # 16 a replica: two ghost batches of 8
+    assert plan_lib.Plan.of(config, 3, 1).ghost_batch_size == 8
+    plan_lib.check_replicas(config, 6)  # 8 a replica: the whole of it, as without the flag
+    plan_lib.check_replicas(config, 12)
+    assert plan_lib.Plan.of(config, 6, 1).ghost_batch_size == 0
+    assert plan_lib.Plan.of(config, 12, 1).ghost_batch_size == 0
     with pytest.raises(TrainerError, match=re.escape(
             "--bn_virtual_batch_size=8 does not divide the per-replica batch of 12 "
             "(--global_batch_size=48 over 4 replicas)")):
-        config.check_replicas(4)
+        plan_lib.check_replicas(config, 4)
 
 
 # Real processes: the TPU probe changes process-wide TF state, and these show

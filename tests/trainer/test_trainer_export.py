@@ -25,7 +25,7 @@ from trainer import predict
 from trainer.config import TrainConfig
 from trainer.errors import TrainerError
 from trainer.model import augment, export, models as model_lib, optimizer as optimizer_lib
-from trainer.run import outputs
+from trainer.run import outputs, plan as plan_lib
 
 
 def _briefly_trained(examples: int, seed: int, **flags):
@@ -35,9 +35,13 @@ def _briefly_trained(examples: int, seed: int, **flags):
     images, labels = real_digits(examples)
     images = images[..., None]
     keras.utils.set_random_seed(seed)
-    config = TrainConfig(data="unused", model_dir="unused", steps_per_execution=1, **flags)
-    model, _ = model_lib.build(config, tf.distribute.get_strategy(),
-                               total_steps=examples // 8)
+    config = TrainConfig(data="unused", model_dir="unused", steps_per_execution=1,
+                         epochs=1, **flags)
+    plan = plan_lib.Plan.of(config, 1, examples // 8)
+    model, _ = model_lib.build(plan_lib.settings_of(plan_lib.ModelSpec, config),
+                               tf.distribute.get_strategy(), plan.total_steps,
+                               warmup_steps=plan.warmup_steps,
+                               ghost_batch_size=plan.ghost_batch_size)
     model.fit(images.astype(np.float32) / 255.0, labels, batch_size=8, epochs=1, verbose=0)
     return model, images, labels
 
@@ -71,6 +75,8 @@ def test_a_ghost_batch_norm_model_exports_as_plain_batch_norm(tmp_path):
     export holds plain ones with the same values, which answer the same."""
     model, images, labels = _briefly_trained(32, seed=1, model="convnet_bn",
                                              bn_virtual_batch_size=4)
+    assert {l.virtual_batch_size for l in model.layers
+            if isinstance(l, keras.layers.BatchNormalization)} == {4}
     export.export_model(model, str(tmp_path / "export"))
     loaded = keras.models.load_model(str(tmp_path / "export"))
     bn = [l for l in loaded.layers if isinstance(l, keras.layers.BatchNormalization)]
@@ -294,8 +300,9 @@ def test_predict_takes_no_abbreviated_flags(capsys):
 
 
 def test_the_optimizer_warms_up_over_the_configs_warmup_in_steps(monkeypatch):
-    """`models.build` hands the optimizer ``--warmup_epochs`` as steps of this
-    run, ``--optimizer`` and ``--weight_decay``."""
+    """`models.build` hands the optimizer the run's warmup (``--warmup_epochs``
+    as steps of this run: `trainer.run.plan.warmup_steps`), ``--optimizer``
+    and ``--weight_decay``."""
     seen = []
 
     def spy(learning_rate, schedule, total_steps, warmup_steps, name, weight_decay):
@@ -304,7 +311,9 @@ def test_the_optimizer_warms_up_over_the_configs_warmup_in_steps(monkeypatch):
                                             warmup_steps, name, weight_decay)
     monkeypatch.setattr(model_lib, "make_optimizer", spy)
     strategy = tf.distribute.get_strategy()
-    built = [model_lib.build(config, strategy, 40)[1] for config in (
+    built = [model_lib.build(plan_lib.settings_of(plan_lib.ModelSpec, config), strategy, 40,
+                             warmup_steps=plan_lib.warmup_steps(config, 40))[1]
+             for config in (
         TrainConfig(data="d", model_dir="m", epochs=4, warmup_epochs=1.5),
         TrainConfig(data="d", model_dir="m", warmup_steps=3, optimizer="lamb"),
         TrainConfig(data="d", model_dir="m", weight_decay=0.1))]

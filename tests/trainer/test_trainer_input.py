@@ -20,6 +20,7 @@ import mnist_contract as contract
 from trainer.config import TrainConfig
 from trainer.data import input_pipeline, splits
 from trainer.errors import TrainerError
+from trainer.run import plan as plan_lib
 
 
 def ram_dir() -> str:
@@ -178,7 +179,7 @@ def test_builders_return_datasets_and_apply_the_postprocess():
     strategy = tf.distribute.get_strategy()
     ds = input_pipeline.train_input(strategy, train_files, config,
                           postprocess=lambda b: (b["image"], b["label"]))
-    assert splits.steps_per_epoch(train_files, config) == 5  # 40 // 8
+    assert plan_lib.steps_per_epoch(train_files, config) == 5  # 40 // 8
     x, y = next(iter(ds))
     assert x.shape == (8, 28, 28, 1) and y.shape == (8,)
     ds, steps = input_pipeline.eval_input(strategy, test_files, config)
@@ -186,7 +187,7 @@ def test_builders_return_datasets_and_apply_the_postprocess():
     seen = [int(i) for b in ds.take(steps) for i, w in zip(b["index"], b["weight"]) if w]
     assert sorted(seen) == list(range(13))
     with pytest.raises(TrainerError, match="fewer than one global batch of 64"):
-        splits.steps_per_epoch(train_files, TrainConfig(data=out, model_dir="-",
+        plan_lib.steps_per_epoch(train_files, TrainConfig(data=out, model_dir="-",
                                                       global_batch_size=64))
 
 

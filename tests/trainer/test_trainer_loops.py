@@ -14,8 +14,9 @@ from trainer.config import TrainConfig
 from trainer.data import input_pipeline, splits
 from trainer.loop import controller as controller_lib, custom_loop, eval_metrics, summaries
 from trainer.model import models as model_lib
-from trainer.run import outputs
+from trainer.run import outputs, resume
 from trainer.run.checkpoints import RunCheckpoints
+from trainer.run.plan import Plan
 
 
 @pytest.mark.tf221  # the TPU build of TensorFlow has no XLA CPU backend
@@ -38,6 +39,12 @@ def test_train_step_compiles_with_xla_on_cpu():
     assert int(loop.optimizer.iterations.numpy()) == 6
     assert np.isfinite(loop.train_loss.result().numpy())
     assert float(logs["loss"]) == float(loop.train_loss.result())
+
+
+def _checkpoints(config, model, optimizer):
+    """The checkpoints of ``config``'s run at 8 steps an epoch."""
+    return RunCheckpoints(config.model_dir, outputs.Role(), model, optimizer,
+                          resume.saved_settings(config, 8), keep=config.keep_checkpoints)
 
 
 class _RecordingLoop:
@@ -84,11 +91,11 @@ def test_controller_runs_the_inner_loop_from_boundary_to_boundary(tmp_path, caps
     inner = _RecordingLoop(optimizer)
     writers = summaries.Summaries(str(tmp_path / "logs"), config, 8,
                                   preview=lambda: np.zeros((1, 28, 28, 1), np.float32))
-    controller = controller_lib.Controller(
-        inner, Evaluator(), RunCheckpoints(config, outputs.Role(), model, optimizer, 8),
-        writers, schedule=controller_lib.Schedule.of(config, 8),
-        recalibrate=lambda: evaluations.append(("recalibrate",
-                                                int(optimizer.iterations.numpy()))))
+    controller = controller_lib.Controller(controller_lib.Parts(
+        inner, Evaluator(), _checkpoints(config, model, optimizer),
+        writers, recalibrate=lambda: evaluations.append(("recalibrate",
+                                                         int(optimizer.iterations.numpy())))),
+        Plan.of(config, 1, 8))
     controller.restore()
     controller.train()
     result = controller.finish()

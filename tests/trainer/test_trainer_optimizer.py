@@ -149,10 +149,12 @@ def test_a_warmup_longer_than_the_run_is_cut_to_it_with_a_warning(caplog, warmup
                                                                  warned, at_half):
     from trainer.config import TrainConfig
     from trainer.model import models
+    from trainer.run import plan as plan_lib
     config = TrainConfig(data="d", model_dir="m", epochs=2, lr_schedule="cosine",
                          warmup_epochs=warmup_epochs)
-    rate = optimizer_lib.learning_rate_schedule(1e-3, "cosine", 16,
-                                                models.warmup_steps(config, 16))
+    warmup = plan_lib.warmup_steps(config, 16)
+    models.warn_long_warmup(plan_lib.settings_of(plan_lib.ModelSpec, config), warmup, 16)
+    rate = optimizer_lib.learning_rate_schedule(1e-3, "cosine", 16, warmup)
     assert float(rate(8)) == pytest.approx(at_half)
     if warmup_epochs >= 2:
         assert float(rate(16)) == pytest.approx(1e-3)

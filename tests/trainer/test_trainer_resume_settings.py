@@ -48,10 +48,12 @@ def test_the_ghost_batch_size_cannot_change():
     before = TrainConfig(data="d", model_dir="m", model="convnet_bn",
                                     bn_virtual_batch_size=32)
     saved = {"settings": resume.saved_settings(before, steps_per_epoch=4)}
-    resume.check_settings(saved, before, 4, step=4, directory="m/checkpoints")
+    resume.check_settings(saved, resume.saved_settings(before, 4), step=4,
+                          directory="m/checkpoints", model_dir=before.model_dir)
     after = TrainConfig(data="d", model_dir="m", model="convnet_bn")
     with pytest.raises(TrainerError) as error:
-        resume.check_settings(saved, after, 4, step=4, directory="m/checkpoints")
+        resume.check_settings(saved, resume.saved_settings(after, 4), step=4,
+                              directory="m/checkpoints", model_dir=after.model_dir)
     assert str(error.value) == (
         "--bn_virtual_batch_size=0: m was trained with 32; resume with "
         "--bn_virtual_batch_size=32 or use another --model_dir")

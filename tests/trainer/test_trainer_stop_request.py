@@ -15,8 +15,9 @@ import tensorflow as tf
 from trainer.config import TrainConfig
 from trainer.loop import controller as controller_lib, keras_loop, summaries
 from trainer.model import models as model_lib
-from trainer.run import outputs, preemption
+from trainer.run import outputs, preemption, resume
 from trainer.run.checkpoints import RunCheckpoints
+from trainer.run.plan import Plan
 from trainer.train import train_and_evaluate
 
 
@@ -43,6 +44,12 @@ class _SignalAfter:
         pass
 
 
+def _checkpoints(config, model, optimizer):
+    """The checkpoints of ``config``'s run at 8 steps an epoch."""
+    return RunCheckpoints(config.model_dir, outputs.Role(), model, optimizer,
+                          resume.saved_settings(config, 8), keep=config.keep_checkpoints)
+
+
 def _controller(tmp_path, signals, signum):
     """A controller around `_SignalAfter` (signalling after its second call)."""
     config = TrainConfig(data="-", model_dir=str(tmp_path), epochs=2, log_every=6,
@@ -53,9 +60,9 @@ def _controller(tmp_path, signals, signum):
     inner = _SignalAfter(optimizer, calls=2, signum=signum)
     writers = summaries.Summaries(str(tmp_path / "logs"), config, 8,
                                   preview=lambda: np.zeros((1, 28, 28, 1), np.float32))
-    return controller_lib.Controller(
-        inner, evaluator, RunCheckpoints(config, outputs.Role(), model, optimizer, 8),
-        writers, schedule=controller_lib.Schedule.of(config, 8), signals=signals), inner
+    return controller_lib.Controller(controller_lib.Parts(
+        inner, evaluator, _checkpoints(config, model, optimizer),
+        writers, signals=signals), Plan.of(config, 1, 8)), inner
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])

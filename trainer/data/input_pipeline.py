@@ -64,9 +64,9 @@ import tensorflow as tf
 
 import mnist_contract as contract
 from mnist_contract import examples
-from trainer.config import TrainConfig
 from trainer.data import checks, in_memory
 from trainer.data.splits import SplitFiles
+from trainer.run.plan import InputSettings
 from trainer.errors import summarize_error
 
 log = logging.getLogger(__name__)
@@ -369,32 +369,35 @@ def _finish(ds: tf.data.Dataset, postprocess: Postprocess) -> tf.data.Dataset:
     return ds.prefetch(AUTOTUNE)
 
 
-def train_input(strategy: tf.distribute.Strategy, split: SplitFiles, config: TrainConfig,
-                *, start_step: int = 0, postprocess: Postprocess = None):
-    """The distributed (endless) train dataset for ``strategy``.
+def train_input(strategy: tf.distribute.Strategy, split: SplitFiles,
+                settings: InputSettings, *, start_step: int = 0,
+                postprocess: Postprocess = None):
+    """The distributed (endless) train dataset for ``strategy``, read with
+    ``settings`` (batch, cache, seed, shuffle buffer, checksums).
 
     ``postprocess`` maps each batch dict (image, label, index, weight) to
     the form a loop wants; ``start_step`` resumes a seeded stream. Without a
     seed a resumed run draws a fresh shuffle. The steps of an epoch are
     `steps_per_epoch`.
     """
-    if start_step and config.seed is None:
+    if start_step and settings.seed is None:
         log.info("split %r: resuming at step %d without --seed: a fresh shuffle",
                  split.name, start_step)
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-        if config.verify_checksums:
+        if settings.verify_checksums:
             verify_pipeline_files(split, ctx)
-        return _finish(train_dataset(split, config.global_batch_size, ctx,
-                                     cache=config.cache, seed=config.seed,
-                                     shuffle_buffer=config.shuffle_buffer,
+        return _finish(train_dataset(split, settings.global_batch_size, ctx,
+                                     cache=settings.cache, seed=settings.seed,
+                                     shuffle_buffer=settings.shuffle_buffer,
                                      start_step=start_step), postprocess)
     return strategy.distribute_datasets_from_function(dataset_fn)
 
 
-def eval_input(strategy: tf.distribute.Strategy, split: SplitFiles, config: TrainConfig,
-               *, postprocess: Postprocess = None):
-    """``(distributed eval dataset, global steps per pass)`` for ``strategy``.
+def eval_input(strategy: tf.distribute.Strategy, split: SplitFiles,
+               settings: InputSettings, *, postprocess: Postprocess = None):
+    """``(distributed eval dataset, global steps per pass)`` for ``strategy``,
+    read with ``settings`` (its batch, cache and checksums).
 
     The step count depends on the number of input pipelines, which only the
     strategy knows; it hands every pipeline the same count in its
@@ -403,12 +406,12 @@ def eval_input(strategy: tf.distribute.Strategy, split: SplitFiles, config: Trai
     steps = set()
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-        if config.verify_checksums:
+        if settings.verify_checksums:
             verify_pipeline_files(split, ctx)
-        steps.add(eval_steps(split.counts, config.global_batch_size,
+        steps.add(eval_steps(split.counts, settings.global_batch_size,
                              ctx.num_replicas_in_sync, ctx.num_input_pipelines))
-        return _finish(eval_dataset(split, config.global_batch_size, ctx,
-                                    cache=config.cache), postprocess)
+        return _finish(eval_dataset(split, settings.global_batch_size, ctx,
+                                    cache=settings.cache), postprocess)
     dataset = strategy.distribute_datasets_from_function(dataset_fn)
     (count,) = steps
     return dataset, count

@@ -4,8 +4,7 @@
 ``gs://``, ``ram://``) and refuses a folder that is missing, mid-publish or
 incomplete; `split_files` lists a split's files with their example counts,
 sizes and sha256s, each checked to exist with its size
-(`trainer.data.checks.check_sizes`); `steps_per_epoch` is what a split
-gives at a global batch.
+(`trainer.data.checks.check_sizes`).
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ import dataclasses
 import tensorflow as tf
 
 import mnist_contract as contract
-from trainer.config import TrainConfig
 from trainer.data import checks
 from trainer.errors import TrainerError, TrainerInputError, summarize_error
 
@@ -106,13 +104,3 @@ def split_files(data_dir: str, manifest: contract.Manifest, split: str) -> Split
                       image_format=manifest.image_format,
                       compression_type=manifest.tf_compression_type, sizes=sizes,
                       sha256s=tuple(shard.sha256 for shard in info.shards))
-
-
-def steps_per_epoch(split: SplitFiles, config: TrainConfig) -> int:
-    """``--steps_per_epoch``, or as many whole global batches as the split fills."""
-    steps = config.steps_per_epoch or split.num_examples // config.global_batch_size
-    if steps < 1:
-        raise TrainerInputError(
-            f"{config.data}: the {split.name} split has {split.num_examples} examples, "
-            f"fewer than one global batch of {config.global_batch_size}")
-    return steps

@@ -31,11 +31,11 @@ import math
 import time
 from typing import Callable, Mapping, Optional, Protocol, Sequence
 
-from trainer.config import TrainConfig
 from trainer.errors import TrainerError
 from trainer.loop.actions import Action
 from trainer.loop.summaries import Summaries
 from trainer.run.checkpoints import RunCheckpoints
+from trainer.run.plan import Plan
 from trainer.run.preemption import StopSignals, Stopped
 
 
@@ -60,29 +60,19 @@ class InnerLoop(Protocol):
 
 
 @dataclasses.dataclass(frozen=True)
-class Schedule:
-    """The run's boundaries, in global steps."""
+class Parts:
+    """What the controller is handed (see the module's docstring); the run's
+    boundaries come beside them, in its `trainer.run.plan.Plan`."""
 
-    steps_per_epoch: int
-    epochs: int
-    log_every: int
-    checkpoint_every: int
-    steps_per_execution: int
-    global_batch_size: int
-
-    @classmethod
-    def of(cls, config: TrainConfig, steps_per_epoch: int) -> "Schedule":
-        return cls(steps_per_epoch, config.epochs, config.log_every,
-                   config.checkpoint_every, config.steps_per_execution,
-                   config.global_batch_size)
-
-    @property
-    def total_steps(self) -> int:
-        return self.epochs * self.steps_per_epoch
-
-    def epoch(self, step: int) -> int:
-        """The (1-based) epoch ``step`` ends or lies in."""
-        return -(-step // self.steps_per_epoch)
+    inner_loop: InnerLoop
+    evaluator: Callable[[], dict]
+    checkpoints: RunCheckpoints
+    summaries: Summaries
+    actions: Sequence[Action] = ()
+    signals: Optional[StopSignals] = None
+    share: Optional[Callable] = None  # `trainer.strategy.sum_over_replicas`
+    check_inputs: Callable[[], None] = lambda: None  # before each evaluation and save
+    recalibrate: Callable[[], None] = lambda: None  # at the last step, before its evaluation
 
 
 def check_loss(step: int, logs: Mapping) -> float:
@@ -103,18 +93,12 @@ def _crossed(before: int, after: int, every: int) -> bool:
 class Controller:
     """Owns the loop around the steps; the run's results."""
 
-    def __init__(self, inner_loop: InnerLoop, evaluator: Callable[[], dict],
-                 checkpoints: RunCheckpoints, summaries: Summaries,
-                 actions: Sequence[Action] = (), *, schedule: Schedule,
-                 signals: Optional[StopSignals] = None, share: Optional[Callable] = None,
-                 check_inputs: Callable[[], None] = lambda: None,
-                 recalibrate: Callable[[], None] = lambda: None):
-        self.inner_loop, self.evaluator = inner_loop, evaluator
-        self.checkpoints, self.summaries, self.actions = checkpoints, summaries, actions
-        self.schedule, self.signals, self.share = schedule, signals, share
-        self.check_inputs = check_inputs  # before each evaluation and save
-        self.recalibrate = recalibrate  # at the last step, before its evaluation
-        self.step, self.start_step, self.total_steps = 0, 0, schedule.total_steps
+    def __init__(self, parts: Parts, plan: Plan):
+        self.inner_loop, self.evaluator = parts.inner_loop, parts.evaluator
+        self.checkpoints, self.summaries = parts.checkpoints, parts.summaries
+        self.actions, self.signals, self.share = parts.actions, parts.signals, parts.share
+        self.check_inputs, self.recalibrate = parts.check_inputs, parts.recalibrate
+        self.plan, self.step, self.start_step, self.total_steps = plan, 0, 0, plan.total_steps
         self.result: dict = {}
         self._logged_step, self._logged_time = 0, time.perf_counter()
 
@@ -153,13 +137,13 @@ class Controller:
             step = self.next_stop(self.step)
             logs = inner.train(step - self.step)
             self.after_train(step, logs)
-            if step % self.schedule.steps_per_epoch == 0:
+            if step % self.plan.steps_per_epoch == 0:
                 self.end_epoch(step, logs)
                 inner.reset()
 
     def next_stop(self, step: int) -> int:
         """The furthest step one inner-loop call may run to."""
-        s = self.schedule
+        s = self.plan
         stops = [self.total_steps, (step // s.steps_per_epoch + 1) * s.steps_per_epoch,
                  (step // s.log_every + 1) * s.log_every]
         if self.signals is not None:  # a stop request is seen after each call
@@ -173,10 +157,10 @@ class Controller:
         """After an inner-loop call (or a fit call) that trained up to ``step``;
         ``logs``: running epoch loss/accuracy."""
         before, self.step = self.step, step
-        epoch_end = step % self.schedule.steps_per_epoch == 0
-        if _crossed(before, step, self.schedule.log_every) or epoch_end:
+        epoch_end = step % self.plan.steps_per_epoch == 0
+        if _crossed(before, step, self.plan.log_every) or epoch_end:
             self._log_train(step, logs)
-        if _crossed(before, step, self.schedule.checkpoint_every) and not epoch_end:
+        if _crossed(before, step, self.plan.checkpoint_every) and not epoch_end:
             check_loss(step, logs)
             self._save()
         self._act(step)
@@ -189,7 +173,7 @@ class Controller:
         if step == self.total_steps:
             self.recalibrate()
         result = self.evaluate()
-        print(f"epoch {self.schedule.epoch(step)}/{self.schedule.epochs} "
+        print(f"epoch {self.plan.epoch(step)}/{self.plan.epochs} "
               f"test_loss {result['test_loss']:.4f} "
               f"test_accuracy {result['test_accuracy']:.4f} "
               f"({result['test_examples']} examples)", flush=True)
@@ -238,12 +222,12 @@ class Controller:
     def _log_train(self, step: int, logs: Mapping) -> None:
         loss, accuracy = check_loss(step, logs), float(logs["accuracy"])  # waits for the steps
         now = time.perf_counter()
-        rate = ((step - self._logged_step) * self.schedule.global_batch_size
+        rate = ((step - self._logged_step) * self.plan.global_batch_size
                 / max(now - self._logged_time, 1e-9))
         self._logged_step, self._logged_time = step, now
         if not self.inner_loop.prints_progress:
-            print(f"step {step}/{self.total_steps} epoch {self.schedule.epoch(step)}/"
-                  f"{self.schedule.epochs} loss {loss:.4f} accuracy {accuracy:.4f} "
+            print(f"step {step}/{self.total_steps} epoch {self.plan.epoch(step)}/"
+                  f"{self.plan.epochs} loss {loss:.4f} accuracy {accuracy:.4f} "
                   f"{rate:.0f} examples/s", flush=True)
         self.summaries.train(step, loss, accuracy, rate)
 

@@ -31,8 +31,8 @@ import tensorflow as tf
 import tf_keras as keras
 
 import mnist_contract as contract
-from trainer.config import TrainConfig
 from trainer.model.loss import per_example_loss
+from trainer.run.plan import StepSettings
 
 
 class CustomLoop:
@@ -45,16 +45,16 @@ class CustomLoop:
     drives_itself = False  # the controller calls `train` to each boundary
     prints_progress = False  # the controller prints a line per log boundary
 
-    def __init__(self, config: TrainConfig, strategy: tf.distribute.Strategy,
+    def __init__(self, settings: StepSettings, strategy: tf.distribute.Strategy,
                  model: keras.Model, optimizer, train_stream: Callable[[int], Any]):
-        self.config, self.strategy = config, strategy
+        self.settings, self.strategy = settings, strategy
         self.model, self.optimizer = model, optimizer
         self.train_stream, self.iterator = train_stream, None
         with strategy.scope():
             self.train_loss = keras.metrics.Mean(name="loss")
             self.train_accuracy = keras.metrics.SparseCategoricalAccuracy(name="accuracy")
         step = self._train_step
-        if config.jit_compile:
+        if settings.jit_compile:
             step = tf.function(step, jit_compile=True)
         self.replica_step = step
 
@@ -63,9 +63,9 @@ class CustomLoop:
         with tf.GradientTape() as tape:
             logits = self.model(images, training=True)
             per_example = per_example_loss(labels, logits,
-                                           self.config.label_smoothing)
+                                           self.settings.label_smoothing)
             loss = tf.nn.compute_average_loss(
-                per_example, global_batch_size=self.config.global_batch_size)
+                per_example, global_batch_size=self.settings.global_batch_size)
             if self.model.losses:
                 loss += tf.nn.scale_regularization_loss(tf.add_n(self.model.losses))
         grads = tape.gradient(loss, self.model.trainable_variables)
@@ -90,7 +90,7 @@ class CustomLoop:
     def train(self, steps: int) -> Mapping:
         """Runs ``steps`` training steps, ``steps_per_execution`` per call;
         returns the running epoch metrics (`logs`)."""
-        chunk = self.config.steps_per_execution
+        chunk = self.settings.steps_per_execution
         done = 0
         while done < steps:
             n = min(chunk, steps - done)

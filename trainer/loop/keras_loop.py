@@ -34,7 +34,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 import mnist_contract as contract
-from trainer.config import TrainConfig
+from trainer.run.plan import Plan
 
 if TYPE_CHECKING:
     from trainer.loop.controller import Controller
@@ -80,9 +80,10 @@ def checkpoint_steps(steps_per_epoch: int, per_call: int, every: int,
     return found
 
 
-def _log_checkpoint_cadence(config: TrainConfig, steps_per_epoch: int) -> None:
+def _log_checkpoint_cadence(plan: Plan) -> None:
     """One line when fit's call boundaries move the ``--checkpoint_every`` saves."""
-    every, per_call = config.checkpoint_every, config.steps_per_execution
+    steps_per_epoch = plan.steps_per_epoch
+    every, per_call = plan.checkpoint_every, plan.steps_per_execution
     keras_steps = checkpoint_steps(steps_per_epoch, per_call, every)
     exact = checkpoint_steps(steps_per_epoch, 1, every)
     if keras_steps != exact:
@@ -105,10 +106,9 @@ class KerasLoop:
     drives_itself = True  # fit owns its loop; `_Hooks` call the controller back
     prints_progress = True  # fit reports progress itself (Keras' bar, with --verbose)
 
-    def __init__(self, config: TrainConfig, model: keras.Model,
-                 train_stream: Callable[..., Any],
-                 callbacks: Sequence[keras.callbacks.Callback] = ()):
-        self.config, self.model = config, model
+    def __init__(self, model: keras.Model, train_stream: Callable[..., Any],
+                 callbacks: Sequence[keras.callbacks.Callback] = (), verbose: int = 1):
+        self.model, self.verbose = model, verbose  # verbose: ``--verbose``
         self.train_stream, self.callbacks = train_stream, tuple(callbacks)
 
     def start(self, step: int) -> None:
@@ -116,23 +116,24 @@ class KerasLoop:
 
     def fit(self, controller: Controller) -> None:
         """Fits from the controller's step to the end of the last epoch."""
-        spe, step = controller.schedule.steps_per_epoch, controller.step
-        _log_checkpoint_cadence(self.config, spe)
+        plan, step = controller.plan, controller.step
+        spe = plan.steps_per_epoch
+        _log_checkpoint_cadence(plan)
         # Keras appends its own progress bar after the given callbacks, so it would
         # end the bar's line only after the controller printed its epoch line onto
         # it. Given first, the bar ends its line before the controller prints.
         progress = ([keras.callbacks.ProgbarLogger(count_mode="steps")]
-                    if self.config.verbose else [])
+                    if self.verbose else [])
         hooks = [*progress, _Hooks(controller), *self.callbacks]
         epoch = step // spe
         if step % spe:  # resumed inside an epoch: finish it first
             self._fit(hooks, step, epoch, epoch + 1, spe - step % spe)
             epoch += 1
-        if epoch < self.config.epochs:
-            self._fit(hooks, epoch * spe, epoch, self.config.epochs, spe)
+        if epoch < plan.epochs:
+            self._fit(hooks, epoch * spe, epoch, plan.epochs, spe)
 
     def _fit(self, hooks: list, start: int, first_epoch: int, epochs: int,
              steps: int) -> None:
         dataset = self.train_stream(start, postprocess=keras_batch)
         self.model.fit(dataset, initial_epoch=first_epoch, epochs=epochs,
-                       steps_per_epoch=steps, callbacks=hooks, verbose=self.config.verbose)
+                       steps_per_epoch=steps, callbacks=hooks, verbose=self.verbose)

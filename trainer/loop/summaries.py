@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterator, Mapping, Optional
 
 import numpy as np
 
@@ -101,7 +101,7 @@ def write_test_metrics(result: Mapping) -> None:
         tf.summary.scalar(tag, result[tag])
 
 
-def train_preview(config: TrainConfig, model: keras.Model,
+def train_preview(seed: Optional[int], model: keras.Model,
                   split: splits.SplitFiles) -> np.ndarray:
     """float32 [PREVIEW_IMAGES, 28, 28, 1]: one batch of the training split, as the
     model's first layer receives it.
@@ -118,7 +118,7 @@ def train_preview(config: TrainConfig, model: keras.Model,
     first = dataclasses.replace(split, files=split.files[:1], counts=split.counts[:1],
                                 sizes=split.sizes[:1], sha256s=split.sha256s[:1])
     ds = input_pipeline.train_dataset(first, PREVIEW_IMAGES, tf.distribute.InputContext(),
-                            shuffle_buffer=PREVIEW_IMAGES, seed=config.seed)
+                            shuffle_buffer=PREVIEW_IMAGES, seed=seed)
     with tf.device("CPU:0"):
         images = next(iter(ds))[contract.IMAGE_KEY]
         for layer in model.layers:

@@ -32,13 +32,13 @@ import tensorflow as tf
 import tf_keras as keras
 
 import mnist_contract as contract
-from trainer.config import TrainConfig
 from trainer.errors import TrainerError
 from trainer.model.augment import RandomAffine
 from trainer.model.dropout import StepDropout
 from trainer.model.loss import TrainLoss
 from trainer.model.optimizer import build_optimizer, make_optimizer
 from trainer.config import MODELS, PRECISIONS
+from trainer.run.plan import ModelSpec
 
 log = logging.getLogger(__name__)
 
@@ -159,40 +159,42 @@ def build_model(name: str = "small", *, augment: bool = False,
         name=f"mnist_{name}")
 
 
-def warmup_steps(config: TrainConfig, total_steps: int) -> int:
-    """`TrainConfig.warmup_for`, with a warning when the warmup is longer than
-    the run: the schedule cuts it to the run (`trainer.model.optimizer`), so
-    the learning rate reaches its peak only at the last step and never decays."""
-    warmup = config.warmup_for(total_steps)
-    if warmup > total_steps:
-        flag = (f"--warmup_epochs={config.warmup_epochs:g} ({warmup} steps)"
-                if config.warmup_epochs else f"--warmup_steps={warmup}")
+def warn_long_warmup(spec: ModelSpec, warmup_steps: int, total_steps: int) -> None:
+    """A warning when the warmup is longer than the run: the schedule cuts it
+    to the run (`trainer.model.optimizer`), so the learning rate reaches its
+    peak only at the last step and never decays."""
+    if warmup_steps > total_steps:
+        flag = (f"--warmup_epochs={spec.warmup_epochs:g} ({warmup_steps} steps)"
+                if spec.warmup_epochs else f"--warmup_steps={warmup_steps}")
         log.warning("%s is longer than the run's %d steps: the warmup is cut to the run, "
                     "and the learning rate reaches --learning_rate=%g only at its last step",
-                    flag, total_steps, config.learning_rate)
-    return warmup
+                    flag, total_steps, spec.learning_rate)
 
 
-def build(config: TrainConfig, strategy: tf.distribute.Strategy,
-          total_steps: int) -> tuple[keras.Model, keras.optimizers.Optimizer]:
+def build(spec: ModelSpec, strategy: tf.distribute.Strategy, total_steps: int, *,
+          warmup_steps: int = 0,
+          ghost_batch_size: int = 0) -> tuple[keras.Model, keras.optimizers.Optimizer]:
     """The model and its optimizer, inside ``strategy.scope()``.
 
+    ``spec``: the flags of the model and its optimizer (`trainer.run.plan.ModelSpec`);
+    ``total_steps`` and ``warmup_steps`` shape the learning-rate schedule,
+    ``ghost_batch_size`` is ``convnet_bn``'s (`trainer.run.plan.Plan`).
     The optimizer is built (its slots exist), so a checkpoint restore fills
     every slot; the model is compiled (with ``steps_per_execution`` for the
     Keras loop), so the export loads ready to use.
     """
+    warn_long_warmup(spec, warmup_steps, total_steps)
     with strategy.scope():
-        optimizer = make_optimizer(config.learning_rate, config.lr_schedule,
-                                   total_steps, warmup_steps(config, total_steps),
-                                   config.optimizer, config.weight_decay)
-        model = build_model(config.model, augment=config.augment,
-                            step=lambda: optimizer.iterations, dropout=config.dropout,
-                            bn_virtual_batch_size=config.ghost_batch_size(
-                                strategy.num_replicas_in_sync))
+        optimizer = make_optimizer(spec.learning_rate, spec.lr_schedule,
+                                   total_steps, warmup_steps,
+                                   spec.optimizer, spec.weight_decay)
+        model = build_model(spec.model, augment=spec.augment,
+                            step=lambda: optimizer.iterations, dropout=spec.dropout,
+                            bn_virtual_batch_size=ghost_batch_size)
         build_optimizer(optimizer, model.trainable_variables)
         model.compile(optimizer=optimizer,
-                      loss=TrainLoss(config.label_smoothing),
+                      loss=TrainLoss(spec.label_smoothing),
                       metrics=[keras.metrics.SparseCategoricalAccuracy(name="accuracy")],
-                      steps_per_execution=config.steps_per_execution,
-                      jit_compile=config.jit_compile)
+                      steps_per_execution=spec.steps_per_execution,
+                      jit_compile=spec.jit_compile)
     return model, optimizer

@@ -1,7 +1,8 @@
 """What keeps a run safe and its ``model_dir`` whole, apart from the ML.
 
 `preflight` makes every check before the run writes anything and settles
-the `preflight.Run` the run's parts share; `outputs` is the ``model_dir``
+the `preflight.Run` the run's parts share, with its numbers derived once
+(`plan.Plan`) and the settings each part takes (`plan`); `outputs` is the ``model_dir``
 layout, who writes where, and the commit of the export with
 ``metrics.json``; `lock` lets one run at a time hold a
 ``model_dir``; `dataset_pin` records the data a run trains on and checks it

@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
 import tensorflow as tf
 
 from mnist_contract import join_path
-from trainer.config import TrainConfig
 from trainer.errors import TrainerError, os_reason
 from trainer.run import checkpoint_repair, outputs, resume
 from trainer.run.claim import Claim
@@ -36,25 +35,32 @@ HISTORY_KEYS = ("train_loss", "train_accuracy", "test_loss", "test_accuracy")
 class RunCheckpoints:
     """Saves and restores the model, optimizer and history of one run.
 
+    ``settings``: this run's `trainer.run.resume.saved_settings`, saved with
+    each checkpoint and checked on restore; ``keep``: ``--keep_checkpoints``;
+    ``restart``: ``--restart`` (the chief has deleted the checkpoints).
     ``share`` (`trainer.strategy.sum_over_replicas` over ``replicas``; None
     off multi-worker) lets the workers check that they resume at one step.
     """
 
-    def __init__(self, config: TrainConfig, role: outputs.Role, model, optimizer,
-                 steps_per_epoch: int, *, share: Optional[Callable] = None,
-                 replicas: int = 1, claim: Optional[Claim] = None):
-        self.config, self.role, self.share, self.replicas = config, role, share, replicas
+    def __init__(self, model_dir: str, role: outputs.Role, model, optimizer,
+                 settings: Mapping, *, keep: int = 3, restart: bool = False,
+                 share: Optional[Callable] = None, replicas: int = 1,
+                 claim: Optional[Claim] = None):
+        self.role, self.share, self.replicas = role, share, replicas
+        self.model_dir, self.keep, self.restart = model_dir, keep, restart
+        # What a resume must share with this run (`trainer.run.resume.saved_settings`).
+        self.settings = settings
         # Accepted after the restore's checks, checked before each save (`trainer.run.claim`).
-        self.claim = claim or Claim(config.model_dir, None, None)
-        self.model, self.optimizer, self.steps_per_epoch = model, optimizer, steps_per_epoch
+        self.claim = claim or Claim(model_dir, None, None)
+        self.model, self.optimizer = model, optimizer
         self.state = tf.Variable("", dtype=tf.string, trainable=False, name=STATE_NAME)
         self.checkpoint = self._new_checkpoint()
         # Where this worker saves (a scratch folder off the chief). The manager
         # reads its state file when made: only after `restore` has repaired it.
-        self.directory = role.write_dir(config.model_dir, outputs.CHECKPOINTS)
+        self.directory = role.write_dir(model_dir, outputs.CHECKPOINTS)
         self.manager: Optional[tf.train.CheckpointManager] = None
         # The chief's, which every worker restores from.
-        self.restore_dir = join_path(config.model_dir, outputs.CHECKPOINTS)
+        self.restore_dir = join_path(model_dir, outputs.CHECKPOINTS)
         self.history: dict[str, list[float]] = {k: [] for k in HISTORY_KEYS}
         self.saved_step: Optional[int] = None
 
@@ -64,7 +70,7 @@ class RunCheckpoints:
 
     def _new_manager(self) -> tf.train.CheckpointManager:
         return tf.train.CheckpointManager(
-            self.checkpoint, self.directory, max_to_keep=self.config.keep_checkpoints,
+            self.checkpoint, self.directory, max_to_keep=self.keep,
             step_counter=self.optimizer.iterations)
 
     def restore(self) -> int:
@@ -76,7 +82,7 @@ class RunCheckpoints:
         """
         checkpoint_repair.clean_temp(self.directory)
         latest = ""
-        if self.role.chief or not self.config.restart:
+        if self.role.chief or not self.restart:
             latest, damaged = checkpoint_repair.restore_newest(self.restore_dir, self._restore)
         if latest:
             if self.role.chief:
@@ -93,8 +99,8 @@ class RunCheckpoints:
     def _restore(self, prefix: str) -> None:
         """Restores ``prefix`` after checking its settings; raises if it is damaged."""
         saved = saved_state(prefix)
-        resume.check_settings(saved, self.config, self.steps_per_epoch,
-                              int(prefix.rsplit("-", 1)[1]), prefix.rsplit("/", 1)[0])
+        resume.check_settings(saved, self.settings, int(prefix.rsplit("-", 1)[1]),
+                              prefix.rsplit("/", 1)[0], self.model_dir)
         self.checkpoint = self._new_checkpoint()
         self.checkpoint.restore(prefix).assert_existing_objects_matched()
         self.history = {k: list(saved.get("history", {}).get(k, [])) for k in HISTORY_KEYS}
@@ -122,8 +128,8 @@ class RunCheckpoints:
         """Saves ``ckpt-<step>`` with the history; a storage failure is one line."""
         self.claim.check()
         self.state.assign(json.dumps({
-            "model": self.config.model, "history": self.history,
-            "settings": resume.saved_settings(self.config, self.steps_per_epoch)}))
+            "model": self.settings["model"], "history": self.history,
+            "settings": dict(self.settings)}))
         try:
             self.manager.save(checkpoint_number=step)
         except tf.errors.OpError as e:

@@ -4,8 +4,9 @@ In order: ``--model_dir`` is not a file nor the data's folder; the manifest read
 split's files exist with their sizes; the strategy comes up (a CPU split or
 a multi-worker strategy must be set up before any other TensorFlow work);
 the records' format matches the manifest; the batch divides among the
-replicas; XLA is available if asked for; the run is long enough; Keras
-callbacks come with the Keras loop. Only then is ``--model_dir`` created.
+replicas; XLA is available if asked for; the run is long enough (its numbers,
+derived once: `trainer.run.plan.Plan`); Keras callbacks come with the Keras
+loop. Only then is ``--model_dir`` created.
 The answer, `Run`, says once whether this process is the chief
 (`trainer.run.outputs.Role`); nothing after it asks again.
 """
@@ -22,10 +23,11 @@ import mnist_contract as contract
 from trainer import strategy as strategy_lib
 from trainer.config import TrainConfig
 from trainer.data import checks
-from trainer.data.splits import SplitFiles, read_manifest, split_files, steps_per_epoch
+from trainer.data.splits import SplitFiles, read_manifest, split_files
 from trainer.errors import TrainerInputError
 from trainer.run import outputs
 from trainer.run.dataset_pin import DatasetPin
+from trainer.run.plan import InputSettings, ModelSpec, Plan, plan_run, settings_of
 
 log = logging.getLogger(__name__)
 
@@ -39,12 +41,10 @@ class Run:
     role: outputs.Role
     train_files: SplitFiles
     test_files: SplitFiles
-    steps_per_epoch: int
+    plan: Plan  # the run's numbers, derived once
+    model_spec: ModelSpec  # the flags of the model and its optimizer
+    reading: InputSettings  # the flags of the input pipelines
     pin: DatasetPin
-
-    @property
-    def total_steps(self) -> int:
-        return self.config.epochs * self.steps_per_epoch
 
 
 def preflight(config: TrainConfig, callbacks: Sequence = ()) -> Run:
@@ -56,37 +56,30 @@ def preflight(config: TrainConfig, callbacks: Sequence = ()) -> Run:
     test_files = split_files(config.data, manifest, "test")
     strategy = strategy_lib.make_strategy(config.strategy, config.tpu, config.cpu_replicas,
                                           config.cluster_timeout)
-    spe = _check_inputs(config, strategy, train_files, test_files)
+    plan = _check_inputs(config, strategy, train_files, test_files)
     if config.loop == "custom" and callbacks:
         raise TrainerInputError("Keras callbacks need --loop=keras")
     outputs.make_model_dir(config.model_dir)
-    return Run(config, strategy, outputs.Role.of(strategy), train_files, test_files, spe, pin)
+    return Run(config, strategy, outputs.Role.of(strategy), train_files, test_files, plan,
+               settings_of(ModelSpec, config), settings_of(InputSettings, config), pin)
 
 
 def _check_inputs(config: TrainConfig, strategy: tf.distribute.Strategy,
-                  train_files: SplitFiles, test_files: SplitFiles) -> int:
-    """Checks the records' format and the batch split; logs the run's shape.
-
-    Returns the steps per epoch.
-    """
+                  train_files: SplitFiles, test_files: SplitFiles) -> Plan:
+    """Checks the records' format, the batch split and the run's length; logs
+    the run's shape, its `Plan`."""
     manifest_path = contract.join_path(config.data, contract.MANIFEST_FILE)
     for split in (train_files, test_files):
         checks.check_image_format(split.files[0], split.image_format,
                                   split.compression_type, manifest_path)
-    replicas = strategy.num_replicas_in_sync
-    config.check_replicas(replicas)
-    if config.jit_compile:
-        strategy_lib.check_jit_compile(strategy)
-    spe = steps_per_epoch(train_files, config)
-    config.check_total_steps(config.epochs * spe)
+    plan = plan_run(config, strategy, train_files)
     hosts = strategy_lib.num_hosts(strategy)
     log.info("%s; %d train / %d test examples; %d steps per epoch; global batch %d "
              "= %d per replica, %d per host (%d host(s))",
              strategy_lib.describe(strategy), train_files.num_examples,
-             test_files.num_examples, spe, config.global_batch_size,
-             config.global_batch_size // replicas, config.global_batch_size // hosts,
-             hosts)
-    ghost = config.ghost_batch_size(replicas)
-    if ghost:
-        log.info("batch normalization in training: ghost batches of %d", ghost)
-    return spe
+             test_files.num_examples, plan.steps_per_epoch, plan.global_batch_size,
+             plan.per_replica_batch, plan.global_batch_size // hosts, hosts)
+    if plan.ghost_batch_size:
+        log.info("batch normalization in training: ghost batches of %d",
+                 plan.ghost_batch_size)
+    return plan

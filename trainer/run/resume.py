@@ -49,30 +49,31 @@ def _refuse(name: str, value: Any, saved: Any, model_dir: str) -> TrainerError:
         f"with --{name}={_flag(saved)} or use another --model_dir")
 
 
-def check_settings(saved: Mapping, config: TrainConfig, steps_per_epoch: int,
-                   step: int, directory: str) -> None:
+def check_settings(saved: Mapping, current: Mapping, step: int, directory: str,
+                   model_dir: str) -> None:
     """Raises `TrainerError` naming the first flag that cannot change on resume.
 
-    ``saved``: the checkpoint's state; ``step``: its global step;
-    ``directory``: the checkpoints folder (for the model line).
+    ``saved``: the checkpoint's state; ``current``: this run's `saved_settings`;
+    ``step``: the checkpoint's global step; ``directory``: the checkpoints
+    folder (for the model line); ``model_dir``: the run's (for the others).
     """
     settings = dict(saved.get("settings") or {})
-    model = settings.get("model", saved.get("model", config.model))
-    if model != config.model:
+    model = settings.get("model", saved.get("model", current["model"]))
+    if model != current["model"]:
         raise TrainerInputError(
             f"{directory}: holds checkpoints of --model={model}, not "
-            f"--model={config.model}; resume with --model={model} or use another "
+            f"--model={current['model']}; resume with --model={model} or use another "
             "--model_dir")
-    current = saved_settings(config, steps_per_epoch)
     for name in FIXED:
         if name in settings and settings[name] != current[name]:
-            raise _refuse(name, current[name], settings[name], config.model_dir)
-    if "epochs" in settings and config.lr_schedule == "cosine" \
-            and settings["epochs"] != config.epochs:
-        raise _refuse("epochs", config.epochs, settings["epochs"], config.model_dir)
+            raise _refuse(name, current[name], settings[name], model_dir)
+    epochs, steps_per_epoch = current["epochs"], current["steps_per_epoch"]
+    if "epochs" in settings and current["lr_schedule"] == "cosine" \
+            and settings["epochs"] != epochs:
+        raise _refuse("epochs", epochs, settings["epochs"], model_dir)
     begun = math.ceil(step / steps_per_epoch)
-    if begun > config.epochs:
+    if begun > epochs:
         raise TrainerInputError(
-            f"--epochs={config.epochs}: {config.model_dir} has trained {step} steps "
+            f"--epochs={epochs}: {model_dir} has trained {step} steps "
             f"({begun} epochs of {steps_per_epoch}); resume with --epochs={begun} or "
             "more, or use another --model_dir")
