@@ -1,6 +1,6 @@
 """Conversion speed and memory: the Beam job against a plain TFRecordWriter script.
 
-    python benchmarks/pipeline_benchmark.py [--factors=1,10] [--repeats=3] [--skip_scale]
+    python -m benchmarks.pipeline_benchmark [--factors=1,10] [--repeats=3] [--skip_scale]
         [--mnist_dir=FOLDER] [--py_spy=PATH]
 
 0. The job's fixed start-up cost: a run on 100 + 100 digits (interpreter,
@@ -47,15 +47,12 @@ from pathlib import Path
 import google_crc32c
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-
 import mnist_contract as contract
+from benchmarks import job_stages
+from pipeline.source import idx
+from pipeline.source.sources import SampleSource
 
-import job_stages  # noqa: E402
-from pipeline.source import idx  # noqa: E402
-from pipeline.source.sources import SampleSource  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 FLOOR_BLOCK = 8 << 20  # bytes per write, hash and checksum call of the floor
 DIRECT_ALIGN = 4096  # O_DIRECT's alignment of buffer, offset and length
@@ -350,7 +347,7 @@ def compare(work: Path, factor: int, bar: float, repeats: int, digits,
         stages[f"job of {baseline}"] = []
     for attempt in range(repeats):
         plain = run_measured(
-            [sys.executable, "benchmarks/plain_writer.py", f"--source={data}",
+            [sys.executable, "-m", "benchmarks.plain_writer", f"--source={data}",
              f"--output={work / 'plain'}"])
         job = run_measured(job_command(data, work / "beam"))
         shards = sum(f.stat().st_size for f in (work / "beam").glob("mnist-*")) / 1e6
