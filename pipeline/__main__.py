@@ -37,8 +37,7 @@ class _DropInputErrorTracebacks(logging.Filter):
 
 
 def _configure_logging() -> None:
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(message)s")
+    console.configure_logging(logging.INFO)
     for handler in logging.getLogger().handlers:
         handler.addFilter(_DropInputErrorTracebacks())
     logging.getLogger("apache_beam").setLevel(logging.WARNING)

@@ -105,7 +105,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """
     owns_process = argv is None
     # The trainer's own INFO lines; only warnings from TensorFlow and absl.
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    console.configure_logging(logging.WARNING)
     logging.getLogger("trainer").setLevel(logging.INFO)
     with ProcessSignals():  # a signal outside the training steps: one line, 128 + N
         try:
