@@ -4,7 +4,8 @@ The command line is parsed once (`pipeline.options.parse`): the job's own
 flags are checked before Beam or TensorFlow is imported, so ``--help`` and
 bad values answer at once; the job then runs with the parsed options. A
 failure is one line ``error: ...`` and the exit status of the table in
-README.md (`mnist_common.console`, each `PipelineError`'s ``exit_status``).
+docs/README.md, "Exit status" (`mnist_common.console`, each `PipelineError`'s
+``exit_status``).
 """
 
 import logging
