@@ -384,14 +384,14 @@ def scale(work: Path, gigabytes: float) -> None:
     for fraction in (0.5, 1.0):
         records = int(gigabytes * fraction * 1e9 / contract.RECORD_SIZES["raw"].typical)
         out = work / f"scale-{fraction}"
-        wall, rss = run_measured(
+        job = run_measured(
             [sys.executable, "-m", "pipeline", f"--source=synthetic:{records}",
              f"--output={out}", "--splits=train", "--runner=DirectRunner"])
         manifest = contract.Manifest.from_json((out / "manifest.json").read_text())
         sizes = [s.num_bytes / 1e6 for s in manifest.split("train").shards]
         print(f"  {records:>9,} records, {sum(sizes):7.0f} MB: {len(sizes)} shards of "
-              f"{min(sizes):.1f}-{max(sizes):.1f} MB, {wall:6.1f} s, "
-              f"{records / wall:8,.0f} records/s, peak RSS {rss:6.0f} MiB")
+              f"{min(sizes):.1f}-{max(sizes):.1f} MB, {job.wall:6.1f} s, "
+              f"{records / job.wall:8,.0f} records/s, peak RSS {job.rss_mib:6.0f} MiB")
         subprocess.run(["rm", "-rf", str(out)], check=True)
 
 

@@ -67,3 +67,16 @@ def test_the_floors_direct_write_writes_the_blocks_back_to_back(tmp_path):
     if not benchmark.write_direct(blocks, tmp_path / "f", buffer):
         pytest.skip("this file system does not take O_DIRECT")
     assert (tmp_path / "f").read_bytes() == b"".join(blocks)
+
+
+@pytest.mark.slow
+def test_the_scale_runs_print_their_records_shards_time_and_memory(tmp_path, capsys):
+    from benchmarks import pipeline_benchmark as benchmark
+    benchmark.scale(tmp_path, 0.0001)  # two tiny jobs: ~60 and ~120 records
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("Scale (synthetic")
+    assert len(lines) == 3
+    for line in lines[1:]:
+        assert re.fullmatch(r"\s+[\d,]+ records, +\d+ MB: 1 shards of [\d.]+-[\d.]+ MB, +"
+                            r"\d+\.\d s, +[\d,]+ records/s, peak RSS +\d+ MiB", line), line
+    assert list(tmp_path.iterdir()) == []
