@@ -4,8 +4,9 @@ A thin entry point: flags → `TrainConfig` (`trainer.config.parse_flags`,
 whose default ``--preset=auto`` is settled once TensorFlow has started
 quietly), `trainer.train.train_and_evaluate`, one line of final metrics. Expected
 failures (`TrainerError`) end with one line on stderr, no traceback, and the
-exit status of the table in README.md (`mnist_common.console`): a flag that
-`trainer.config` refuses is a bad flag (2). A stop on SIGTERM, SIGINT or
+exit status of the table in docs/README.md, "Exit status"
+(`mnist_common.console`): a flag that `trainer.config` refuses is a bad flag
+(2). A stop on SIGTERM, SIGINT or
 SIGHUP (`trainer.run.preemption`), during training or outside it, ends with
 one line and exit status 128 + the signal's number.
 
@@ -105,7 +106,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """
     owns_process = argv is None
     # The trainer's own INFO lines; only warnings from TensorFlow and absl.
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    console.configure_logging(logging.WARNING)
     logging.getLogger("trainer").setLevel(logging.INFO)
     with ProcessSignals():  # a signal outside the training steps: one line, 128 + N
         try:
