@@ -33,13 +33,12 @@ from contextlib import contextmanager
 from typing import Callable, Iterator
 
 from launch import common as lc
+from mnist_common import console
 from launch.spot import decide as sd
 from launch.tpu import commands as tc
 from launch.spot.cloud import Cloud, create_failure, last_line
 from launch.spot.events import Events, Standing
 from launch.spot.journal import Journal, JournalError, identity
-
-EXIT_INTERRUPTED = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
 
 
 class Interrupted(Exception):
@@ -131,7 +130,7 @@ class RunEnds:
                     continue
                 failures += 1
             if self.clock() > deadline:
-                raise RunError(sd.EXIT_LOST, f"{self.cfg.name} could not be deleted in "
+                raise RunError(console.LOST, f"{self.cfg.name} could not be deleted in "
                                f"{self.cfg.retry_seconds:g} s (--retry_seconds); delete it "
                                "yourself: " + " ".join(tc.delete_commands(self.cfg)[0]))
             self.sleep(sd.backoff(failures, self.cfg.poll_seconds))
@@ -182,7 +181,7 @@ class RunEnds:
         further signals are ignored (`ending`), so the VM is never left
         half handled."""
         self.ending = True
-        code = EXIT_INTERRUPTED[signum]
+        code = console.stopped_by(signum)
         name = signal.Signals(signum).name
         try:
             if not self.cfg.keep:
@@ -245,10 +244,10 @@ class SpotRun(RunEnds):
             except RunError as exc:
                 return self._end(sd.Decision(sd.FAIL, exc.code, str(exc)), sd.UNKNOWN,
                                  sd.Trainer(sd.UNASKED))
-            except lc.ConfigError as exc:  # the wheel did not build
-                return self._end(sd.Decision(sd.FAIL, 2, str(exc)), sd.UNKNOWN,
+            except lc.LaunchError as exc:  # the wheel did not build
+                return self._end(sd.Decision(sd.FAIL, exc.code, str(exc)), sd.UNKNOWN,
                                  sd.Trainer(sd.UNASKED))
-            except Interrupted as exc:
+            except (Interrupted, lc.Stopped) as exc:  # lc.Stopped: during a command
                 return self._interrupted(exc.signum)
             except KeyboardInterrupt:
                 return self._interrupted(signal.SIGINT)
@@ -264,7 +263,7 @@ class SpotRun(RunEnds):
         def handler(signum, frame):
             if not self.ending:
                 raise Interrupted(signum)
-        previous = {s: signal.signal(s, handler) for s in EXIT_INTERRUPTED}
+        previous = {s: signal.signal(s, handler) for s in console.STOP_SIGNALS}
         try:
             yield
         finally:
@@ -367,7 +366,7 @@ class SpotRun(RunEnds):
             return
         kind = create_failure(err + out)
         if kind == "permanent":
-            raise RunError(1, f"creating {self.cfg.name} failed: {last_line(err + out)}")
+            raise RunError(console.FAILURE, f"creating {self.cfg.name} failed: {last_line(err + out)}")
         self.refusals += 1
         if self.refused_since is None:
             self.refused_since = self.clock()
@@ -395,7 +394,7 @@ class SpotRun(RunEnds):
         if rc == 0:
             self._answered()
             self._started()
-        elif rc == sd.EXIT_LOST:
+        elif rc == console.LOST:
             self._failed()
             self.events.emit("ssh failed", f"{self.cfg.name}: {last_line(err or out)}")
             self.sleep(sd.backoff(self.failures, self.cfg.poll_seconds))

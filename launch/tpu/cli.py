@@ -100,14 +100,14 @@ from launch.tpu.commands import (DEFAULT_DIST_DIR, DEFAULT_LIBTPU, DEFAULT_TENSO
                                  summarize_status, trainer_command)
 from launch.tpu.topology import default_runtime_version, is_multi_host, slice_hosts
 from mnist_contract import MANIFEST_FILE, ContractError, Manifest, join_path
+from mnist_common import console
 from mnist_common.flags import OneLineParser
 
 STEPS = ("create", "setup", "train", "wait", "delete")
 # Steps that only talk to an existing VM: they need its name and zone alone.
 VM_STEPS = ("wait", "status", "logs", "delete")
 VERBS = STEPS + ("status", "logs", "all", "run")
-EXIT_TIMEOUT = 124   # as timeout(1)
-EXIT_LOST = 255      # as ssh when it cannot reach the host
+PROGRAM = "mnist-launch-tpu"
 POLL_FAILURES = 5    # failed status checks in a row before ``wait`` gives up
 
 
@@ -379,7 +379,7 @@ def wait_for_trainer(cfg: TpuConfig, cmd: lc.Command,
             if failures >= POLL_FAILURES:
                 return lc.fail(f"{cfg.name}: {failures} status checks in a "
                                f"row failed (last exit {rc}); training may "
-                               "still be running", EXIT_LOST)
+                               "still be running", console.LOST)
         else:
             failures = 0
             state, code = summarize_status(states)
@@ -390,15 +390,15 @@ def wait_for_trainer(cfg: TpuConfig, cmd: lc.Command,
             if state == "stopped":
                 return lc.fail(f"{cfg.name}: the trainer stopped without an "
                                "exit status (killed, or the host restarted);"
-                               " see the logs step", 1)
+                               " see the logs step", console.FAILURE)
             if state == "not started":
                 return lc.fail(f"{cfg.name}: no trainer was started there "
-                               f"({REMOTE_DIR}/train.pid is missing)", 1)
+                               f"({REMOTE_DIR}/train.pid is missing)", console.FAILURE)
         if clock() - start >= cfg.wait_timeout:
             return lc.fail(f"{cfg.name}: training still running after "
                            f"{cfg.wait_timeout:g} s (--wait_timeout); it "
                            "goes on, see the status and logs steps",
-                           EXIT_TIMEOUT)
+                           console.TIMED_OUT)
         sleep(cfg.poll_seconds)
 
 
@@ -472,27 +472,38 @@ def execute(step: str, cfg: TpuConfig, pyproject: Mapping) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Exit status: the step's (`wait`: the trainer's, 124, 255), 2 for bad
+    settings, 1 when a command fails to run, 128 + N for signal N. A signal
+    goes to the gcloud command that runs (`launch.common.run_command`),
+    then stops the launcher; ``all --delete_after`` deletes the VM first.
+    Training on the hosts goes on. ``run`` handles signals itself
+    (launch/spot/runner.py)."""
     args, rest = parse_args(sys.argv[1:] if argv is None else argv)
+    signals = (console.exit_on_signals(PROGRAM) if args.step == "run"
+               else lc.raising_on_signals())
     try:
-        cfg = resolve_config(args, rest)
-        pyproject = lc.load_pyproject()
-        if args.dry_run:
-            print(lc.format_commands(plan(args.step, cfg, pyproject)))
-            if args.step in ("all", "wait"):
-                print(f"# the status command repeats every "
-                      f"{cfg.poll_seconds:g} s until the trainer exits "
-                      f"(--wait_timeout {cfg.wait_timeout:g} s)",
-                      file=sys.stderr)
-            if args.step == "run":
-                print(RUN_PLAN_NOTE.format(cfg=cfg), file=sys.stderr)
-            return 0
+        with signals:
+            return _main(args, rest)
+    except lc.LaunchError as exc:
+        return lc.fail(str(exc), exc.code)
+    except lc.Stopped as exc:
+        return lc.stopped(exc, PROGRAM)
+
+
+def _main(args: argparse.Namespace, rest: list[str]) -> int:
+    cfg = resolve_config(args, rest)
+    pyproject = lc.load_pyproject()
+    if not args.dry_run:
         return execute(args.step, cfg, pyproject)
-    except lc.ConfigError as exc:
-        return lc.fail(str(exc))
-    except KeyboardInterrupt:
-        # Training on the hosts goes on (``all --delete_after`` has deleted
-        # the VM by now).
-        return lc.fail("interrupted", 130)
+    print(lc.format_commands(plan(args.step, cfg, pyproject)))
+    if args.step in ("all", "wait"):
+        print(f"# the status command repeats every "
+              f"{cfg.poll_seconds:g} s until the trainer exits "
+              f"(--wait_timeout {cfg.wait_timeout:g} s)",
+              file=sys.stderr)
+    if args.step == "run":
+        print(RUN_PLAN_NOTE.format(cfg=cfg), file=sys.stderr)
+    return console.OK
 
 
 if __name__ == "__main__":

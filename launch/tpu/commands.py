@@ -13,12 +13,14 @@ from __future__ import annotations
 import dataclasses
 import re
 import shlex
+import signal
 import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from launch import common as lc
 
+from mnist_common import console
 from mnist_common.storage_lock import DEAD_HOSTS_ENV
 from mnist_contract import MANIFEST_FILE, join_path
 
@@ -423,7 +425,8 @@ def plan(step: str, cfg: TpuConfig, pyproject: Mapping) -> list[lc.Command]:
 
 # The trainer's exit status after a clean stop on a signal (trainer/run/preemption.py:
 # 128 + the signal number): a checkpoint of that step is saved.
-STOPPED_BY_SIGNAL = {143: "SIGTERM", 130: "SIGINT", 129: "SIGHUP"}
+STOPPED_BY_SIGNAL = {console.stopped_by(s): signal.Signals(s).name
+                     for s in console.STOP_SIGNALS}
 
 
 def exit_note(code: int) -> str:
