@@ -366,7 +366,8 @@ class SpotRun(RunEnds):
             return
         kind = create_failure(err + out)
         if kind == "permanent":
-            raise RunError(console.FAILURE, f"creating {self.cfg.name} failed: {last_line(err + out)}")
+            raise RunError(console.FAILURE,
+                           f"creating {self.cfg.name} failed: {last_line(err + out)}")
         self.refusals += 1
         if self.refused_since is None:
             self.refused_since = self.clock()
