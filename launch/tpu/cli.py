@@ -220,24 +220,28 @@ def resolve_config(args: argparse.Namespace, trainer_args: Sequence[str],
 
     Steps that only talk to an existing VM need its name and zone; the
     others also the accelerator and its software, and ``train`` the gs://
-    folders.
+    folders. Every setting is settled first, then the config is built once.
     """
     steps = STEPS if args.step in ("all", "run") else (args.step,)
     _check_step_flags(args, steps, trainer_args)
-    cfg = _vm_config(args, trainer_args, environ)
-    if set(steps) <= set(VM_STEPS):
-        return cfg
-    _resolve_software(cfg, args, environ)
+    settings = _vm_settings(args, trainer_args, environ)
+    if not set(steps) <= set(VM_STEPS):
+        settings.update(_software_settings(args, environ))
+        if "train" in steps:
+            settings.update(_train_folders(args))
+        _refuse_launcher_flags(trainer_args)
+    cfg = TpuConfig(**settings)
     if "train" in steps:
-        _resolve_train_folders(cfg, args)
-    for arg in cfg.trainer_args:
+        _check_trainer_args(cfg)
+    return cfg
+
+
+def _refuse_launcher_flags(trainer_args: Sequence[str]) -> None:
+    for arg in trainer_args:
         if arg.split("=", 1)[0] in ("--data", "--model_dir", "--strategy",
                                     "--tpu"):
             raise lc.ConfigError(f"{arg.split('=', 1)[0]} is set by this "
                                  "launcher; drop it")
-    if "train" in steps:
-        _check_trainer_args(cfg)
-    return cfg
 
 
 def _check_trainer_args(cfg: TpuConfig) -> None:
@@ -269,8 +273,8 @@ def _check_step_flags(args: argparse.Namespace, steps: Sequence[str],
                              f"{shlex.join(trainer_args)}")
 
 
-def _vm_config(args: argparse.Namespace, trainer_args: Sequence[str],
-               environ: Mapping[str, str] | None) -> TpuConfig:
+def _vm_settings(args: argparse.Namespace, trainer_args: Sequence[str],
+                 environ: Mapping[str, str] | None) -> dict:
     """The settings every step needs: the VM's name, zone and project, and
     the launcher's own options."""
     name = lc.first_setting(args.name, lc.env("TPU_NAME", environ=environ))
@@ -280,7 +284,7 @@ def _vm_config(args: argparse.Namespace, trainer_args: Sequence[str],
         "TPU_ZONE", "CLOUDSDK_COMPUTE_ZONE", environ=environ))
     if not zone:
         raise lc.ConfigError("--zone is required (or set TPU_ZONE)")
-    return TpuConfig(
+    return dict(
         name=name, zone=zone,
         project=lc.first_setting(args.project, lc.env(
             "GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT", environ=environ)),
@@ -288,7 +292,7 @@ def _vm_config(args: argparse.Namespace, trainer_args: Sequence[str],
         max_recoveries=args.max_recoveries, keep=args.keep,
         events=args.events and args.events.resolve(),
         logs_dir=args.logs_dir.resolve(), retry_seconds=args.retry_seconds,
-        trainer_args=list(trainer_args), delete_after=args.delete_after,
+        trainer_args=tuple(trainer_args), delete_after=args.delete_after,
         poll_seconds=args.poll_seconds, wait_timeout=args.wait_timeout,
         lines=args.lines, follow=args.follow,
         gcloud=args.gcloud, python=args.python,
@@ -296,8 +300,8 @@ def _vm_config(args: argparse.Namespace, trainer_args: Sequence[str],
         build_isolation=not args.no_build_isolation)
 
 
-def _resolve_software(cfg: TpuConfig, args: argparse.Namespace,
-                      environ: Mapping[str, str] | None) -> None:
+def _software_settings(args: argparse.Namespace,
+                       environ: Mapping[str, str] | None) -> dict:
     """The accelerator, its TPU software image and the TensorFlow to run on it.
 
     A multi-host slice needs a TensorFlow pod image and its own TensorFlow,
@@ -309,37 +313,37 @@ def _resolve_software(cfg: TpuConfig, args: argparse.Namespace,
         raise lc.ConfigError(
             "--accelerator_type is required (or set TPU_ACCELERATOR_TYPE), "
             "e.g. v4-8")
-    cfg.accelerator_type = accelerator
-    cfg.multi_host = is_multi_host(accelerator)
-    cfg.runtime_version = (lc.first_setting(args.runtime_version, lc.env(
+    multi_host = is_multi_host(accelerator)
+    runtime_version = (lc.first_setting(args.runtime_version, lc.env(
         "TPU_RUNTIME_VERSION", environ=environ))
         or default_runtime_version(accelerator))
-    tf_image = cfg.runtime_version.startswith("tpu-vm-tf-")
-    cfg.tensorflow = args.tensorflow or (PREINSTALLED if tf_image
-                                         else DEFAULT_TENSORFLOW)
-    if cfg.multi_host and not (tf_image and "-pod" in cfg.runtime_version):
+    tf_image = runtime_version.startswith("tpu-vm-tf-")
+    tensorflow = args.tensorflow or (PREINSTALLED if tf_image else DEFAULT_TENSORFLOW)
+    if multi_host and not (tf_image and "-pod" in runtime_version):
         raise lc.ConfigError(
             f"{accelerator} spans several hosts and needs a TensorFlow pod "
-            f"image, not {cfg.runtime_version!r}: pass "
+            f"image, not {runtime_version!r}: pass "
             "--runtime_version=tpu-vm-tf-<version>-pod-pjrt")
-    if cfg.multi_host and cfg.tensorflow != PREINSTALLED:
+    if multi_host and tensorflow != PREINSTALLED:
         raise lc.ConfigError(
             "on a multi-host slice keep the pod image's TensorFlow "
             f"(--tensorflow={PREINSTALLED}); it runs the TPU worker service")
+    return dict(accelerator_type=accelerator, multi_host=multi_host,
+                runtime_version=runtime_version, tensorflow=tensorflow)
 
 
-def _resolve_train_folders(cfg: TpuConfig, args: argparse.Namespace) -> None:
+def _train_folders(args: argparse.Namespace) -> dict:
     """``--data`` and ``--model_dir``: required, and gs:// (TPU hosts read
     and write Cloud Storage, not this machine's disk)."""
     if not (args.data or "").strip():
         raise lc.ConfigError(
             "--data is required: the gs:// folder the pipeline wrote")
-    cfg.data = lc.require_gs(args.data, "--data")
+    data = lc.require_gs(args.data, "--data")
     if not args.model_dir:
         raise lc.ConfigError(
             "--model_dir is required: a gs:// folder (TPU hosts cannot "
             "write to this machine's disk)")
-    cfg.model_dir = lc.require_gs(args.model_dir, "--model_dir")
+    return dict(data=data, model_dir=lc.require_gs(args.model_dir, "--model_dir"))
 
 
 # What --dry_run adds to the plan of ``run`` (its commands without a preemption).

@@ -61,8 +61,9 @@ _MISSING = ('MISSING="$(sed -n "s/.*\\] \\([A-Za-z0-9_]*\\) not available '
             f'in this library.*/\\1/p" {CHECK_LOG} | head -n 1)"')
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class TpuConfig:
+    """A launch's settings, settled once (`launch.tpu.cli.resolve_config`)."""
     name: str
     zone: str
     project: str | None = None
@@ -75,7 +76,7 @@ class TpuConfig:
     queued: bool = False
     data: str | None = None
     model_dir: str | None = None
-    trainer_args: list[str] = dataclasses.field(default_factory=list)
+    trainer_args: tuple[str, ...] = ()
     delete_after: bool = False
     poll_seconds: float = 60.0
     wait_timeout: float = 86400.0

@@ -10,6 +10,7 @@ output line for line.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import signal
@@ -542,6 +543,16 @@ def test_tpu_settings_from_environment():
     assert flags["zone"] == "europe-west4-a"
     assert flags["accelerator-type"] == "v5litepod-8"
     assert flags["version"] == "tpu-vm-tf-2.19.0-pjrt"
+
+
+def test_tpu_config_is_settled_once_and_frozen():
+    """Every setting is resolved before the config is built: nothing later
+    changes it (a step that needs another value makes a new one)."""
+    cfg, _ = tpu_plan("all", "--epochs=2")
+    assert (cfg.accelerator_type, cfg.multi_host, cfg.data) == ("v4-8", False, "gs://bkt/mnist")
+    assert cfg.trainer_args == ("--epochs=2",)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.data = "gs://other"  # type: ignore[misc]
 
 
 @pytest.mark.parametrize("step,drop,message", [
