@@ -36,7 +36,7 @@ from launch import common as lc
 from mnist_common import console
 from launch.spot import decide as sd
 from launch.tpu import commands as tc
-from launch.spot.cloud import Cloud, create_failure, last_line
+from launch.tpu.cloud import Cloud, create_failure, last_line
 from launch.spot.events import Events, Standing
 from launch.spot.journal import Journal, JournalError, identity
 

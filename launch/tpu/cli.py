@@ -87,19 +87,15 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-import time
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from launch import common as lc
 from launch.spot import runner as spot_runner
-from launch.spot.cloud import Cloud
+from launch.tpu.cloud import Cloud, compare_manifest, run_step
 from launch.tpu.commands import (DEFAULT_DIST_DIR, DEFAULT_LIBTPU, DEFAULT_TENSORFLOW,
-                                 PREINSTALLED, REMOTE_DIR, TpuConfig, exit_note,
-                                 manifest_command, parse_status, phases, plan,
-                                 summarize_status, trainer_command)
-from launch.tpu.topology import default_runtime_version, is_multi_host, slice_hosts
-from mnist_contract import MANIFEST_FILE, ContractError, Manifest, join_path
+                                 PREINSTALLED, TpuConfig, check_trainer_args, phases, plan)
+from launch.tpu.topology import default_runtime_version, is_multi_host
 from mnist_common import console
 from mnist_common.flags import OneLineParser
 
@@ -108,36 +104,6 @@ STEPS = ("create", "setup", "train", "wait", "delete")
 VM_STEPS = ("wait", "status", "logs", "delete")
 VERBS = STEPS + ("status", "logs", "all", "run")
 PROGRAM = "mnist-launch-tpu"
-POLL_FAILURES = 5    # failed status checks in a row before ``wait`` gives up
-
-
-def train_shards_warning(cfg: TpuConfig, rc: int, manifest_text: str) -> str | None:
-    """Why the slice's hosts may read the train split badly, or None.
-
-    With fewer train files than hosts the trainer cannot give each host its
-    own files: every host reads the whole split and keeps every n-th record.
-    A manifest that cannot be read here is a warning too, not a failure:
-    the trainer reads it on the TPU itself and names any problem there.
-    """
-    hosts = slice_hosts(cfg.accelerator_type)
-    where = join_path(cfg.data, MANIFEST_FILE)
-    if rc != 0:
-        return (f"{where}: not read (gcloud storage cat exited {rc}); the train "
-                f"files were not compared with the {hosts} host(s) of "
-                f"{cfg.accelerator_type}")
-    try:
-        files = len(Manifest.from_json(manifest_text, origin=where)
-                    .split("train").shards)
-    except ContractError as exc:
-        problem = str(exc).removeprefix(f"{where}: ")
-        return (f"{where}: {problem}; the train files were not compared with "
-                "the slice's hosts")
-    if files >= hosts:
-        return None
-    return (f"{where}: the train split has {files} file(s) but {cfg.accelerator_type} "
-            f"has {hosts} hosts, so every host reads all of it and keeps one record "
-            f"in {hosts}; rerun the pipeline with --min_shards={hosts} "
-            "(or a multiple of it)")
 
 
 def _add_run_flags(common: argparse.ArgumentParser) -> None:
@@ -232,7 +198,7 @@ def resolve_config(args: argparse.Namespace, trainer_args: Sequence[str],
         _refuse_launcher_flags(trainer_args)
     cfg = TpuConfig(**settings)
     if "train" in steps:
-        _check_trainer_args(cfg)
+        check_trainer_args(cfg)
     return cfg
 
 
@@ -242,17 +208,6 @@ def _refuse_launcher_flags(trainer_args: Sequence[str]) -> None:
                                     "--tpu"):
             raise lc.ConfigError(f"{arg.split('=', 1)[0]} is set by this "
                                  "launcher; drop it")
-
-
-def _check_trainer_args(cfg: TpuConfig) -> None:
-    """The trainer's own answer to the command the hosts will run, asked here
-    before a TPU VM is created: a misspelled flag or a value the trainer
-    refuses would otherwise end the run only once the VM is up and set up.
-    `trainer.config` loads no TensorFlow (the standard library is enough)."""
-    from trainer.config import flag_problem
-    problem = flag_problem(trainer_command(cfg)[3:], on_tpu=True)
-    if problem:
-        raise lc.ConfigError(f"trainer arguments: {problem}")
 
 
 def _check_step_flags(args: argparse.Namespace, steps: Sequence[str],
@@ -360,117 +315,38 @@ RUN_PLAN_NOTE = """\
 #   calls failing or creates refused: retried with backoff for
 #     --retry_seconds={cfg.retry_seconds:g}, then exit 255"""
 
-Runner = Callable[[lc.Command], tuple[int, str]]
-
-
-def wait_for_trainer(cfg: TpuConfig, cmd: lc.Command,
-                     run: Runner = lc.run_command_output,
-                     sleep: Callable[[float], None] = time.sleep,
-                     clock: Callable[[], float] = time.monotonic) -> int:
-    """Run the status command until the trainer exits; its exit status.
-
-    A failed check (the VM unreachable for a moment) is retried; after
-    ``POLL_FAILURES`` in a row the wait gives up with 255. After
-    ``cfg.wait_timeout`` seconds of a running trainer it gives up with 124.
-    Giving up never stops the trainer.
-    """
-    start, failures = clock(), 0
-    while True:
-        rc, output = run(cmd)
-        states = parse_status(output)
-        if rc != 0 or not states:
-            failures += 1
-            if failures >= POLL_FAILURES:
-                return lc.fail(f"{cfg.name}: {failures} status checks in a "
-                               f"row failed (last exit {rc}); training may "
-                               "still be running", console.LOST)
-        else:
-            failures = 0
-            state, code = summarize_status(states)
-            if state == "exited":
-                print(f"training on {cfg.name} finished with exit status "
-                      f"{code}{exit_note(code)}", file=sys.stderr)
-                return code
-            if state == "stopped":
-                return lc.fail(f"{cfg.name}: the trainer stopped without an "
-                               "exit status (killed, or the host restarted);"
-                               " see the logs step", console.FAILURE)
-            if state == "not started":
-                return lc.fail(f"{cfg.name}: no trainer was started there "
-                               f"({REMOTE_DIR}/train.pid is missing)", console.FAILURE)
-        if clock() - start >= cfg.wait_timeout:
-            return lc.fail(f"{cfg.name}: training still running after "
-                           f"{cfg.wait_timeout:g} s (--wait_timeout); it "
-                           "goes on, see the status and logs steps",
-                           console.TIMED_OUT)
-        sleep(cfg.poll_seconds)
-
-
-def _run_phase(name: str, commands: Sequence[lc.Command], cfg: TpuConfig,
-               pyproject: Mapping) -> int:
-    if name == "wait":
-        [cmd] = commands
-        return wait_for_trainer(cfg, cmd)
-    if name == "status":
-        [cmd] = commands
-        rc, output = lc.run_command_output(cmd)
-        sys.stdout.write(output)
-        if rc != 0:
-            return rc
-        code = summarize_status(parse_status(output))[1]
-        if exit_note(code):
-            print(f"{cfg.name}: exit status {code}{exit_note(code)}", file=sys.stderr)
-        return code
-    if name == "train":
-        manifest, *commands = commands
-        warning = train_shards_warning(cfg, *lc.run_command_output(manifest))
-        if warning:
-            print(f"warning: {warning}", file=sys.stderr)
-    build = lc.wheel_build_command(cfg.python, cfg.dist_dir / "src",
-                                   cfg.dist_dir, cfg.build_isolation)
-    for cmd in commands:
-        if cmd == build:
-            wheel = lc.prepare_wheel_build(cfg.dist_dir, pyproject)
-            lc.check_wheel_build(lc.run_command(cmd, cwd=lc.REPO_ROOT), wheel)
-            continue
-        rc = lc.run_command(cmd, cwd=lc.REPO_ROOT)
-        if rc != 0:
-            return rc
-    return 0
-
-
 def run_spot(cfg: TpuConfig, pyproject: Mapping) -> int:
     """``run``: the journal checked (launch/spot/journal.py), the manifest
     compared with the slice once, then the spot loop (launch/spot/runner.py)
     until the run ends."""
-    def compare_manifest() -> None:
-        warning = train_shards_warning(cfg, *lc.run_command_output(manifest_command(cfg)))
-        if warning:
-            print(f"warning: {warning}", file=sys.stderr)
-    return spot_runner.run_spot(cfg, Cloud(cfg, pyproject), compare_manifest)
+    planned = dict(phases("run", cfg, pyproject))
+    return spot_runner.run_spot(cfg, Cloud(cfg, pyproject, planned), lambda: compare_manifest(
+        Cloud.shown(cfg, pyproject, planned)))
 
 
 def execute(step: str, cfg: TpuConfig, pyproject: Mapping) -> int:
-    """Run ``phases(step)`` until one fails (``run``: `run_spot`).
+    """Run the steps of ``phases(step)`` until one fails (``run``: `run_spot`).
 
     In ``all`` the final delete (``--delete_after``) runs once the VM was
-    created, whatever happens after: a failure, a wait that gave up, an
-    interrupt.
+    created, whatever happens after: a failure, a wait that gave up, a
+    signal.
     """
     if step == "run":
         return run_spot(cfg, pyproject)
     work = phases(step, cfg, pyproject)
-    delete = work.pop() if step == "all" and cfg.delete_after else None
+    cloud = Cloud.shown(cfg, pyproject, dict(work))
+    names = [name for name, _ in work]
+    delete = names.pop() if step == "all" and cfg.delete_after else None
     rc, created = 0, False
     try:
-        for name, commands in work:
-            rc = _run_phase(name, commands, cfg, pyproject)
+        for name in names:
+            rc = run_step(name, cloud)
             if rc != 0:
                 break
             created = created or name == "create"
     finally:
         if delete and created:
-            delete_rc = _run_phase(*delete, cfg, pyproject)
+            delete_rc = run_step(delete, cloud)
             rc = rc or delete_rc
     return rc
 

@@ -237,6 +237,17 @@ def trainer_command(cfg: TpuConfig) -> list[str]:
             f"--model_dir={cfg.model_dir}", *cfg.trainer_args]
 
 
+def check_trainer_args(cfg: TpuConfig) -> None:
+    """The trainer's own answer to the command the hosts will run, asked here
+    before a TPU VM is created: a misspelled flag or a value the trainer
+    refuses would otherwise end the run only once the VM is up and set up.
+    `trainer.config` loads no TensorFlow (the standard library is enough)."""
+    from trainer.config import flag_problem
+    problem = flag_problem(trainer_command(cfg)[3:], on_tpu=True)
+    if problem:
+        raise lc.ConfigError(f"trainer arguments: {problem}")
+
+
 def train_script(cfg: TpuConfig, dead_hosts: Sequence[str] = ()) -> str:
     """Start the trainer in the background on a host and return.
 

@@ -24,6 +24,7 @@ import pytest
 import mnist_contract as contract
 from launch import common as lc
 from launch.tpu import cli as lt
+from launch.tpu import cloud as tpu_cloud
 from launch.tpu import commands as tc
 from mnist_common import console
 from tests.helpers import REPO
@@ -327,15 +328,15 @@ def test_wait_polls_until_the_trainer_exits(capsys):
 
 def test_wait_rides_out_failed_checks_but_not_too_many(capsys):
     failed = (255, "")
-    host = FakeHost([failed] * (lt.POLL_FAILURES - 1) + [RUNNING]
-                    + [failed] * (lt.POLL_FAILURES - 1)
+    host = FakeHost([failed] * (tpu_cloud.POLL_FAILURES - 1) + [RUNNING]
+                    + [failed] * (tpu_cloud.POLL_FAILURES - 1)
                     + [(0, status_line("exited status=0"))])
     assert wait_with(host) == 0
-    host = FakeHost([RUNNING] + [failed] * lt.POLL_FAILURES)
+    host = FakeHost([RUNNING] + [failed] * tpu_cloud.POLL_FAILURES)
     assert wait_with(host) == console.LOST
-    assert host.calls == 1 + lt.POLL_FAILURES
+    assert host.calls == 1 + tpu_cloud.POLL_FAILURES
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith(f"error: mnist-tpu: {lt.POLL_FAILURES} status "
+    assert err[-1].startswith(f"error: mnist-tpu: {tpu_cloud.POLL_FAILURES} status "
                               "checks in a row failed (last exit 255)")
 
 
@@ -430,6 +431,27 @@ def test_execute_runs_exactly_what_dry_run_prints(tmp_path, step, extra):
     assert real.returncode == 0, real.stderr
     assert dry.stdout.strip()
     assert log.read_text() == dry.stdout
+
+
+@pytest.mark.parametrize("step", ["create", "setup", "train", "wait", "status", "logs",
+                                  "delete", "all"])
+def test_each_step_runs_its_planned_commands_through_the_one_cloud_layer(tmp_path, step):
+    """`tpu_cloud.Cloud` runs every step from `tc.phases`, the plan ``--dry_run``
+    prints (the wheel build too: the one place it is special)."""
+    cfg, planned = tpu_plan(step, f"--dist_dir={tmp_path}", "--poll_seconds=0")
+    calls = []
+
+    def record(cmd):
+        calls.append(cmd)
+        if "--wheel-dir" in cmd:
+            (tmp_path / WHEEL).write_text("wheel")
+        if any(tc.STATUS_PREFIX in a for a in cmd):
+            return 0, status_line("exited status=0") + "\n", ""
+        return 0, manifest_text(1) if "storage" in cmd else "", ""
+    work = tc.phases(step, cfg, PYPROJECT)
+    cloud = tpu_cloud.Cloud(cfg, PYPROJECT, dict(work), run=record)
+    assert [tpu_cloud.run_step(name, cloud) for name, _ in work] == [0] * len(work)
+    assert calls == planned
 
 
 def test_execute_repeats_only_the_status_check_while_training(tmp_path):
