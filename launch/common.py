@@ -12,6 +12,11 @@ wheel.
 Every launcher turns its settings into a list of argv lists first, so tests
 can check the exact commands without running anything, and ``--dry_run``
 prints them with ``shlex.join``.
+
+Exit statuses (`mnist_common.console`): a `ConfigError` (bad settings) is 2,
+a `RunFailure` (the wheel did not build) 1. A launcher stopped by SIGINT,
+SIGTERM or SIGHUP exits 128 + N; while `run_command` runs a child, the
+signal goes to the child first (`Stopped` carries its status).
 """
 
 from __future__ import annotations
@@ -229,6 +234,10 @@ def raising_on_signals() -> Iterator[None]:
 
 @contextlib.contextmanager
 def _handling_signals(handler) -> Iterator[None]:
+    """``handler`` for SIGINT, SIGTERM and SIGHUP inside the block, the
+    previous handlers after it; a signal the process was started ignoring
+    stays ignored, and outside the main thread (where Python takes no
+    signals) nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -274,7 +283,7 @@ class _Child:
 
 
 def _run_child(cmd: Sequence[str], cwd: Path | None, **popen) -> tuple[int, str]:
-    """Runs ``cmd`` with SIGINT, SIGTERM and SIGHUP passed on to it
+    """Runs ``cmd`` with SIGTERM and SIGHUP passed on to it and SIGINT noted
     (`_Child.forward`); its exit status and captured stdout (if piped)."""
     child = _Child()
     with _handling_signals(child.forward):
