@@ -1,6 +1,6 @@
 """``launch_tpu_vm.py run``: a spot TPU run from start to result, through preemptions.
 
-A loop in the manner of Orbit's controller: observe (`Cloud.observe`: the
+A loop in the manner of Orbit's controller: observe (`RunObserves._observe`: the
 VM's state, and the trainer's over ssh when the VM is READY), ask
 `spot_decide.decide`, act, observe again. The actions:
 
@@ -69,9 +69,9 @@ def trainer_cadence(cfg: tc.TpuConfig) -> tuple[int, int, int, bool] | None:
             config.loop == "keras")
 
 
-class RunEnds:
-    """A run's state and counts, and how it removes its VM and ends
-    (`SpotRun` adds how it goes)."""
+class RunCounts:
+    """A run's state and counts (`RunEnds` adds how it removes its VM and
+    ends, `RunObserves` what it sees, `SpotRun` how it goes)."""
 
     def __init__(self, cfg: tc.TpuConfig, cloud: Cloud, events: Events,
                  standing: Standing, clock: Callable[[], float] = time.monotonic,
@@ -111,6 +111,10 @@ class RunEnds:
         if self.cadence is None:
             return None
         return sd.checkpoint_gap(self.s.total, *self.cadence)
+
+
+class RunEnds(RunCounts):
+    """How a run removes its VM and ends, once and with one summary."""
 
     def _remove(self) -> None:
         """Deletes the VM and returns once describe says it is gone; retried
@@ -231,7 +235,58 @@ class RunEnds:
                          redo=None if redo is None else [0, 0], vm=self.cfg.name)
 
 
-class SpotRun(RunEnds):
+class RunObserves(RunEnds):
+    """What a run sees: the VM's state, its trainer's, and the progress the
+    trainer reports (as events)."""
+
+    def _observe(self) -> tuple[str, sd.Trainer]:
+        """The VM's state and, when it is READY, its trainer's; a failed
+        describe or status check counts toward ``--retry_seconds``."""
+        vm = self.cloud.vm_state()
+        if vm == sd.UNKNOWN:
+            self._failed()
+            return vm, sd.Trainer(sd.UNASKED)
+        if vm not in (sd.GONE, "DELETING"):
+            self.had_vm = True
+        if vm != sd.READY:
+            self._answered()
+            return vm, sd.Trainer(sd.UNASKED)
+        trainer, progress = self.cloud.trainer()
+        if trainer.state == sd.UNREACHABLE:
+            self._failed()
+            return vm, trainer
+        self._answered()
+        self.s.trained_here |= trainer.state != "not started"
+        if progress:
+            self._note_progress(progress)
+        return vm, trainer
+
+    def _note_progress(self, progress: list[tc.Progress]) -> None:
+        """A ``training`` event when the step moved, ``resumed`` once the
+        trainer of a recovery says where it resumed."""
+        hosts = sorted({p.host for p in progress})
+        steps = [p for p in progress if p.step is not None]
+        if not steps:
+            self.s.vm_hosts |= set(hosts)
+            return
+        latest = max(steps, key=lambda p: p.step)
+        self.s.total = latest.total or self.s.total
+        if self.s.awaiting_resume:
+            resumed = max((p.resumed or 0) for p in steps)
+            redo = self.s.note_resume(resumed, self._gap())
+            self.events.emit("resumed", f"{self.cfg.name}: resumed at step {resumed}; "
+                             f"{redo.text()} step(s) trained again",
+                             step=resumed, redo=[redo.least, redo.most])
+        if (latest.step != self.s.seen_here or latest.step != self.s.last_step
+                or set(hosts) - self.s.vm_hosts):
+            self.s.vm_hosts |= set(hosts)
+            self.s.last_step = self.s.seen_here = latest.step
+            self.events.emit("training", f"{self.cfg.name}: step {latest.step}/"
+                             f"{latest.total}", step=latest.step, total=latest.total,
+                             hosts=sorted(self.s.vm_hosts))
+
+
+class SpotRun(RunObserves):
     """One spot run: observe, `spot_decide.decide`, act, until an ending."""
 
     def run(self, prepare: Callable[[], None] = lambda: None) -> int:
@@ -299,54 +354,6 @@ class SpotRun(RunEnds):
                     f"recoveries so far" if s.events else "")
         self.events.emit("started", f"{cfg.name}: {cfg.accelerator_type} in {cfg.zone}, "
                          f"model_dir {cfg.model_dir}{taken_up}", run=identity(cfg))
-
-    # ------------------------------------------------------------ observe
-
-    def _observe(self) -> tuple[str, sd.Trainer]:
-        """The VM's state and, when it is READY, its trainer's; a failed
-        describe or status check counts toward ``--retry_seconds``."""
-        vm = self.cloud.vm_state()
-        if vm == sd.UNKNOWN:
-            self._failed()
-            return vm, sd.Trainer(sd.UNASKED)
-        if vm not in (sd.GONE, "DELETING"):
-            self.had_vm = True
-        if vm != sd.READY:
-            self._answered()
-            return vm, sd.Trainer(sd.UNASKED)
-        trainer, progress = self.cloud.trainer()
-        if trainer.state == sd.UNREACHABLE:
-            self._failed()
-            return vm, trainer
-        self._answered()
-        self.s.trained_here |= trainer.state != "not started"
-        if progress:
-            self._note_progress(progress)
-        return vm, trainer
-
-    def _note_progress(self, progress: list[tc.Progress]) -> None:
-        """A ``training`` event when the step moved, ``resumed`` once the
-        trainer of a recovery says where it resumed."""
-        hosts = sorted({p.host for p in progress})
-        steps = [p for p in progress if p.step is not None]
-        if not steps:
-            self.s.vm_hosts |= set(hosts)
-            return
-        latest = max(steps, key=lambda p: p.step)
-        self.s.total = latest.total or self.s.total
-        if self.s.awaiting_resume:
-            resumed = max((p.resumed or 0) for p in steps)
-            redo = self.s.note_resume(resumed, self._gap())
-            self.events.emit("resumed", f"{self.cfg.name}: resumed at step {resumed}; "
-                             f"{redo.text()} step(s) trained again",
-                             step=resumed, redo=[redo.least, redo.most])
-        if (latest.step != self.s.seen_here or latest.step != self.s.last_step
-                or set(hosts) - self.s.vm_hosts):
-            self.s.vm_hosts |= set(hosts)
-            self.s.last_step = self.s.seen_here = latest.step
-            self.events.emit("training", f"{self.cfg.name}: step {latest.step}/"
-                             f"{latest.total}", step=latest.step, total=latest.total,
-                             hosts=sorted(self.s.vm_hosts))
 
     # ------------------------------------------------------------ actions
 
