@@ -87,8 +87,8 @@ def _end_process(status: int) -> NoReturn:
     (`trainer.train`) and a stop has saved its checkpoint. What unwinding would
     still do is free the interrupted loop's input iterators, and TensorFlow's
     teardown of each waits for tf.data's autotuning thread to wake (checked
-    against TF 2.21.0; the wait measured is in docs/trainer.md, "Faults
-    tried"), and a preempted VM may be gone before that.
+    against TF 2.21.0; the wait measured is in docs/trainer.md, "Preemption:
+    SIGTERM, Ctrl-C and SIGHUP"), and a preempted VM may be gone before that.
     """
     sys.stdout.flush()
     sys.stderr.flush()

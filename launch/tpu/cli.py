@@ -36,7 +36,7 @@ delete  ``gcloud compute tpus tpu-vm delete NAME --quiet``.
 run     a spot run from start to result: create (``--queued``: a queued
         resource), setup, train, wait, and on a preemption delete, create
         again and resume, until the trainer exits (launch/spot/runner.py;
-        docs/trainer.md, "Spot runs").
+        docs/launch.md, "Spot runs").
 
 ``--preset=tpu`` (the trainer's TPU recipe: the CPU recipe's convnet,
 augmentation and schedule at global batch 1024, bfloat16, 50 steps per
