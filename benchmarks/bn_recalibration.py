@@ -1,6 +1,6 @@
 """Batch-norm recalibration measured on trained runs' exports.
 
-    python benchmarks/bn_recalibration.py DATA MODEL_DIR [MODEL_DIR ...]
+    python -m benchmarks.bn_recalibration DATA MODEL_DIR [MODEL_DIR ...]
         [--examples=6400,25600] [--batch=128]
 
 DATA is a folder the pipeline wrote; each MODEL_DIR a finished trainer run
@@ -17,11 +17,9 @@ effect on a run.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from mnist_common import console  # noqa: E402
+from mnist_common import console
 
 console.use_tf_keras()  # before TensorFlow loads
 import tensorflow as tf  # noqa: E402

@@ -1,6 +1,6 @@
 """The Keras ``mnist_convnet`` example as its users write it, on a given split.
 
-    python benchmarks/keras_mnist_convnet.py --npz=mnist.npz [--epochs=15] [--batch_size=128]
+    python -m benchmarks.keras_mnist_convnet --npz=mnist.npz [--epochs=15] [--batch_size=128]
 
 The model, preprocessing and fit are keras.io's "Simple MNIST convnet"
 (https://keras.io/examples/vision/mnist_convnet/), Keras 3, in-memory

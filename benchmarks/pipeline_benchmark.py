@@ -1,6 +1,6 @@
 """Conversion speed and memory: the Beam job against a plain TFRecordWriter script.
 
-    python benchmarks/pipeline_benchmark.py [--factors=1,10] [--repeats=3] [--skip_scale]
+    python -m benchmarks.pipeline_benchmark [--factors=1,10] [--repeats=3] [--skip_scale]
         [--mnist_dir=FOLDER] [--py_spy=PATH]
 
 0. The job's fixed start-up cost: a run on 100 + 100 digits (interpreter,
@@ -47,15 +47,12 @@ from pathlib import Path
 import google_crc32c
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-
 import mnist_contract as contract
+from benchmarks import job_stages
+from pipeline.source import idx
+from pipeline.source.sources import SampleSource
 
-import job_stages  # noqa: E402
-from pipeline.source import idx  # noqa: E402
-from pipeline.source.sources import SampleSource  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 FLOOR_BLOCK = 8 << 20  # bytes per write, hash and checksum call of the floor
 DIRECT_ALIGN = 4096  # O_DIRECT's alignment of buffer, offset and length
@@ -350,7 +347,7 @@ def compare(work: Path, factor: int, bar: float, repeats: int, digits,
         stages[f"job of {baseline}"] = []
     for attempt in range(repeats):
         plain = run_measured(
-            [sys.executable, "benchmarks/plain_writer.py", f"--source={data}",
+            [sys.executable, "-m", "benchmarks.plain_writer", f"--source={data}",
              f"--output={work / 'plain'}"])
         job = run_measured(job_command(data, work / "beam"))
         shards = sum(f.stat().st_size for f in (work / "beam").glob("mnist-*")) / 1e6
@@ -387,14 +384,14 @@ def scale(work: Path, gigabytes: float) -> None:
     for fraction in (0.5, 1.0):
         records = int(gigabytes * fraction * 1e9 / contract.RECORD_SIZES["raw"].typical)
         out = work / f"scale-{fraction}"
-        wall, rss = run_measured(
+        job = run_measured(
             [sys.executable, "-m", "pipeline", f"--source=synthetic:{records}",
              f"--output={out}", "--splits=train", "--runner=DirectRunner"])
         manifest = contract.Manifest.from_json((out / "manifest.json").read_text())
         sizes = [s.num_bytes / 1e6 for s in manifest.split("train").shards]
         print(f"  {records:>9,} records, {sum(sizes):7.0f} MB: {len(sizes)} shards of "
-              f"{min(sizes):.1f}-{max(sizes):.1f} MB, {wall:6.1f} s, "
-              f"{records / wall:8,.0f} records/s, peak RSS {rss:6.0f} MiB")
+              f"{min(sizes):.1f}-{max(sizes):.1f} MB, {job.wall:6.1f} s, "
+              f"{records / job.wall:8,.0f} records/s, peak RSS {job.rss_mib:6.0f} MiB")
         subprocess.run(["rm", "-rf", str(out)], check=True)
 
 

@@ -9,16 +9,12 @@ shuffle, no sharding, no metadata: the least work that produces the records.
 import argparse
 import os
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import numpy as np
+import tensorflow as tf
 
-import tensorflow as tf  # noqa: E402
-
-import numpy as np  # noqa: E402
-
-from mnist_contract import wire  # noqa: E402
-from pipeline.source import idx  # noqa: E402
+from mnist_contract import wire
+from pipeline.source import idx
 
 BATCH = 10_000
 

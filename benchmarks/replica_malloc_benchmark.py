@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Two CPU replicas: the trainer as it is ÷ the trainer with TensorFlow's malloc setting left.
 
-    python benchmarks/replica_malloc_benchmark.py [--data=DIR] [--examples=8192]
+    python -m benchmarks.replica_malloc_benchmark [--data=DIR] [--examples=8192]
         [--epochs=3] [--repeats=2] [--replicas=2]
 
 Runs ``python -m trainer --preset=cpu --cpu_replicas=2`` (one seed, no
@@ -33,10 +33,9 @@ import subprocess
 import sys
 import tempfile
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+from benchmarks import synthetic_data
 
-from benchmarks import synthetic_data  # noqa: E402
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Keras' progress line prints whole seconds, milliseconds or microseconds per
 # step, whichever reads best (tf_keras 2.21 `Progbar._format_time`): a loaded

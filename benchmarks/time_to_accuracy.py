@@ -1,6 +1,6 @@
 """Time to accuracy: the bare trainer command against Keras's ``mnist_convnet`` example.
 
-    python benchmarks/time_to_accuracy.py DATA [--epochs_example=15]
+    python -m benchmarks.time_to_accuracy DATA [--epochs_example=15]
         [--batch_example=128] [--trainer_flags="--epochs=3"] [--work_dir=DIR]
 
 DATA is a folder the pipeline wrote (manifest.json + shards). Both
@@ -54,15 +54,12 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+import mnist_contract as contract
+from benchmarks.keras_mnist_convnet import data_line
+from mnist_contract import framing, wire
+
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-import mnist_contract as contract  # noqa: E402
-from mnist_contract import framing, wire  # noqa: E402
-
-from benchmarks.keras_mnist_convnet import data_line  # noqa: E402
-
-EXAMPLE_SCRIPT = REPO / "benchmarks" / "keras_mnist_convnet.py"
+EXAMPLE_MODULE = "benchmarks.keras_mnist_convnet"
 CHECK_TRAINER_FLAGS = REPO / "scripts" / "check_trainer_flags.py"
 TRAIN, VAL = "train", "test"  # the manifest's splits; "test" is the validation split
 BAD_INPUT, CONTENDER_FAILED = 2, 3
@@ -323,7 +320,7 @@ def check_bare(model_dir: Path, manifest_raw: bytes, bare: Run, val_count: int) 
 
 
 def example_cmd(npz: Path, options: Options) -> list[str]:
-    return [sys.executable, str(EXAMPLE_SCRIPT), f"--npz={npz}",
+    return [sys.executable, "-m", EXAMPLE_MODULE, f"--npz={npz}",
             f"--epochs={options.epochs_example}", f"--batch_size={options.batch_example}"]
 
 

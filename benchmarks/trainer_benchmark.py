@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Trainer throughput ratios, each measured within one run on this machine.
 
-    python benchmarks/trainer_benchmark.py [--examples=20000] [--batch=128]
+    python -m benchmarks.trainer_benchmark [--examples=20000] [--batch=128]
         [--data=DIR] [--ratios=input_memory_1024,input_memory_128]
 
 1. Input: examples/s of the trainer's TFRecord pipeline (`trainer.data.input_pipeline`,
@@ -55,7 +55,6 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from mnist_common import console  # noqa: E402
@@ -65,8 +64,8 @@ import tensorflow as tf  # noqa: E402
 import tf_keras as keras  # noqa: E402
 
 import mnist_contract as contract  # noqa: E402
+from benchmarks import synthetic_data  # noqa: E402
 from mnist_contract import examples  # noqa: E402
-import synthetic_data  # noqa: E402  (beside this script)
 from trainer.config import TrainConfig  # noqa: E402
 from trainer.data import input_pipeline, splits  # noqa: E402
 from trainer.loop import custom_loop, keras_loop  # noqa: E402

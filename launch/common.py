@@ -12,18 +12,28 @@ wheel.
 Every launcher turns its settings into a list of argv lists first, so tests
 can check the exact commands without running anything, and ``--dry_run``
 prints them with ``shlex.join``.
+
+Exit statuses (`mnist_common.console`): a `ConfigError` (bad settings) is 2,
+a `RunFailure` (the wheel did not build) 1. A launcher stopped by SIGINT,
+SIGTERM or SIGHUP exits 128 + N; while `run_command` runs a child, the
+signal goes to the child first (`Stopped` carries its status).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
+
+from mnist_common import console
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = REPO_ROOT / "pyproject.toml"
@@ -31,8 +41,35 @@ PYPROJECT = REPO_ROOT / "pyproject.toml"
 Command = list[str]
 
 
-class ConfigError(ValueError):
-    """A required setting is missing or invalid; the message is one line."""
+class LaunchError(Exception):
+    """The launch cannot go on; the message is one line, ``code`` the exit
+    status (`mnist_common.console`)."""
+    code = console.FAILURE
+
+
+class ConfigError(LaunchError, ValueError):
+    """A required setting is missing or invalid (bad input: exit 2)."""
+    code = console.BAD_INPUT
+
+
+class RunFailure(LaunchError):
+    """Something the launch runs failed (a run-time failure: exit 1)."""
+    code = console.FAILURE
+
+
+class Stopped(Exception):
+    """SIGINT, SIGTERM or SIGHUP stopped the launch; ``status`` is the exit
+    status (128 + N, or a stopped child's own), ``reported``: the child
+    already printed why it stopped."""
+
+    def __init__(self, signum: int, status: int | None = None, reported: bool = False):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = int(signum)
+        self.status = console.stopped_by(signum) if status is None else status
+        self.reported = reported
+
+    def line(self, program: str) -> str:
+        return f"error: {program}: stopped by {self}"
 
 
 def load_pyproject(path: Path = PYPROJECT) -> dict:
@@ -123,7 +160,7 @@ def stage_sources(dest: Path, pyproject: Mapping,
     for package in project_packages(pyproject):
         top = package.split(".")[0]
         if not (repo_root / top).is_dir():
-            raise ConfigError(f"package folder {repo_root / top} is missing")
+            raise RunFailure(f"package folder {repo_root / top} is missing")
         if not (dest / top).exists():
             shutil.copytree(repo_root / top, dest / top, ignore=ignore)
     return dest
@@ -146,9 +183,9 @@ def prepare_wheel_build(dist_dir: Path, pyproject: Mapping,
 
 def check_wheel_build(rc: int, wheel: Path) -> None:
     if rc != 0:
-        raise ConfigError(f"building the project wheel failed (exit {rc})")
+        raise RunFailure(f"building the project wheel failed (exit {rc})")
     if not wheel.is_file():
-        raise ConfigError(f"the wheel build did not produce {wheel}")
+        raise RunFailure(f"the wheel build did not produce {wheel}")
 
 
 def build_wheel(python: str, dist_dir: Path, build_isolation: bool,
@@ -182,14 +219,91 @@ def require_gs(value: str | None, what: str) -> str:
     return value.rstrip("/")
 
 
+@contextlib.contextmanager
+def raising_on_signals() -> Iterator[None]:
+    """Inside the block SIGINT, SIGTERM and SIGHUP raise `Stopped`, so the
+    launcher's ``finally`` blocks run (``all --delete_after`` deletes the
+    VM) before it exits 128 + N; a child that `run_command` runs then gets
+    the signal instead (`forwarding_signals`). Outside the main thread, or
+    for a signal the process was started ignoring, nothing changes."""
+    def handle(signum, frame):
+        raise Stopped(signum)
+    with _handling_signals(handle):
+        yield
+
+
+@contextlib.contextmanager
+def _handling_signals(handler) -> Iterator[None]:
+    """``handler`` for SIGINT, SIGTERM and SIGHUP inside the block, the
+    previous handlers after it; a signal the process was started ignoring
+    stays ignored, and outside the main thread (where Python takes no
+    signals) nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.getsignal(s) for s in console.STOP_SIGNALS}
+    for s, old in previous.items():
+        if old is not signal.SIG_IGN:
+            signal.signal(s, handler)
+    try:
+        yield
+    finally:
+        for s, old in previous.items():
+            signal.signal(s, old)
+
+
+class _Child:
+    """The child `run_command` runs, and the first stop signal that came."""
+
+    def __init__(self):
+        self.proc: subprocess.Popen | None = None
+        self.signum = 0
+
+    def forward(self, signum, frame) -> None:
+        """Passes SIGTERM and SIGHUP on to the child, which stops as it stops
+        on one (the pipeline keeps nothing half written and exits 128 + N).
+        SIGINT is only noted: a Ctrl-C at the terminal reaches the child as
+        well, and a second one may cut its own stopping short."""
+        self.signum = self.signum or signum
+        if signum == signal.SIGINT:
+            return
+        if self.proc is not None and self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signum)
+
+    def status(self, rc: int) -> int:
+        """``rc``, or, when a signal came while the child ran, raises
+        `Stopped`: with the child's own non-zero status (it said why it
+        stopped or failed), else 128 + N."""
+        if not self.signum:
+            return rc
+        if rc > 0:
+            raise Stopped(self.signum, rc, reported=True)
+        raise Stopped(-rc if rc < 0 else self.signum)
+
+
+def _run_child(cmd: Sequence[str], cwd: Path | None, **popen) -> tuple[int, str]:
+    """Runs ``cmd`` with SIGTERM and SIGHUP passed on to it and SIGINT noted
+    (`_Child.forward`); its exit status and captured stdout (if piped)."""
+    child = _Child()
+    with _handling_signals(child.forward):
+        child.proc = subprocess.Popen(list(cmd), cwd=cwd, **popen)
+        if child.signum:  # came before the child was there to take it
+            child.forward(child.signum, None)
+        out, _ = child.proc.communicate()
+    return child.status(child.proc.returncode), out or ""
+
+
 def format_commands(commands: Iterable[Sequence[str]]) -> str:
     return "\n".join(shlex.join(list(cmd)) for cmd in commands)
 
 
 def run_command(cmd: Sequence[str], cwd: Path | None = None) -> int:
+    """Shows and runs ``cmd``; its exit status. A stop signal meanwhile goes
+    to it, and then `Stopped` is raised once it ended."""
     print("+ " + shlex.join(list(cmd)), file=sys.stderr, flush=True)
     try:
-        return subprocess.run(list(cmd), cwd=cwd, check=False).returncode
+        return _run_child(cmd, cwd)[0]
     except FileNotFoundError:
         print(f"error: {cmd[0]}: command not found", file=sys.stderr)
         return 127
@@ -200,15 +314,20 @@ def run_command_output(cmd: Sequence[str],
     """Like ``run_command``, but return stdout (as text) instead of showing it."""
     print("+ " + shlex.join(list(cmd)), file=sys.stderr, flush=True)
     try:
-        proc = subprocess.run(list(cmd), cwd=cwd, check=False,
-                              stdout=subprocess.PIPE, text=True,
-                              errors="replace")
+        return _run_child(cmd, cwd, stdout=subprocess.PIPE, text=True, errors="replace")
     except FileNotFoundError:
         print(f"error: {cmd[0]}: command not found", file=sys.stderr)
         return 127, ""
-    return proc.returncode, proc.stdout
 
 
-def fail(message: str, code: int = 2) -> int:
+def fail(message: str, code: int) -> int:
     print(f"error: {message}", file=sys.stderr)
     return code
+
+
+def stopped(exc: Stopped, program: str) -> int:
+    """The one line of a launcher stopped by a signal (unless its child
+    printed its own), and the exit status."""
+    if not exc.reported:
+        print(exc.line(program), file=sys.stderr, flush=True)
+    return exc.status

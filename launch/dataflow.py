@@ -57,7 +57,10 @@ from typing import Mapping, Sequence
 
 from launch import common as lc
 
+from mnist_common import console
 from mnist_common.flags import OneLineParser
+
+PROGRAM = "mnist-launch-dataflow"
 
 DEFAULT_DIST_DIR = lc.REPO_ROOT / "dist" / "dataflow"
 REQUIREMENTS_NAME = "dataflow-requirements.txt"
@@ -272,17 +275,25 @@ def execute(cfg: DataflowConfig, pyproject: Mapping) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        args, rest = parse_args(sys.argv[1:] if argv is None else argv)
-        cfg = resolve_config(args, rest)
-        pyproject = lc.load_pyproject()
-        if args.dry_run:
-            print(lc.format_commands([["cd", str(lc.REPO_ROOT)]]
-                                     + plan(cfg, pyproject)))
-            return 0
-        return execute(cfg, pyproject)
-    except lc.ConfigError as exc:
-        return lc.fail(str(exc))
+    """Exit status: the job's, 2 for bad settings, 1 when the wheel build
+    fails, 128 + N for signal N. While the wheel build or the job runs, a
+    signal goes to it (`launch.common.run_command`) and its status is the
+    launcher's; at any other moment the launcher stops at once, with nothing
+    to clean up."""
+    with console.exit_on_signals(PROGRAM):
+        try:
+            args, rest = parse_args(sys.argv[1:] if argv is None else argv)
+            cfg = resolve_config(args, rest)
+            pyproject = lc.load_pyproject()
+            if args.dry_run:
+                print(lc.format_commands([["cd", str(lc.REPO_ROOT)]]
+                                         + plan(cfg, pyproject)))
+                return console.OK
+            return execute(cfg, pyproject)
+        except lc.LaunchError as exc:
+            return lc.fail(str(exc), exc.code)
+        except lc.Stopped as exc:
+            return lc.stopped(exc, PROGRAM)
 
 
 if __name__ == "__main__":

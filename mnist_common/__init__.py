@@ -9,7 +9,8 @@ time).
                    guarantee each one gives; acquire, refresh, check, release
     storage_errors a storage failure found and named in a few words
     console        what the command-line programs print and how they exit:
-                   TensorFlow's start-up kept quiet, the exit-status table
+                   TensorFlow's start-up kept quiet, the log format, the
+                   exit-status table, a signal's one line
     flags          usage errors as one line, naming the flag a misspelled
                    one was probably meant as
 """

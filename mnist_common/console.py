@@ -9,9 +9,10 @@ loads and finds its devices, then passes on every captured line that is not
 one of those notices, so a real error is still seen. After that the level
 (default here: 2, errors only) decides what TensorFlow logs.
 
-The exit statuses are the same for every command (README.md, "Exit
+The exit statuses are the same for every command (docs/README.md, "Exit
 status"): `OK`, `FAILURE` at run time, `BAD_INPUT` for bad flags or bad
-input (argparse's usage errors are 2 as well), `stopped_by` a signal.
+input (argparse's usage errors are 2 as well), `stopped_by` a signal. Every
+program's log lines have one format, `LOG_FORMAT` (`configure_logging`).
 
 Imports neither TensorFlow nor either program: the programs call it first.
 """
@@ -19,6 +20,7 @@ Imports neither TensorFlow nor either program: the programs call it first.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import signal
@@ -43,6 +45,17 @@ def stopped_by(signum: int) -> int:
 INTERRUPTED = stopped_by(signal.SIGINT)  # 130
 TERMINATED = stopped_by(signal.SIGTERM)  # 143
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+# A log line: time, level, logger, message ("2026-12-06 18:20:11,042 INFO
+# trainer.train: ..."); the job's own lines come from the root logger.
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def configure_logging(level: int) -> None:
+    """Log lines of ``level`` and above to stderr in `LOG_FORMAT`, so that
+    the job's, the trainer's and the tools' lines read alike. A program then
+    sets its own loggers' levels."""
+    logging.basicConfig(level=level, format=LOG_FORMAT)
 
 
 @contextlib.contextmanager

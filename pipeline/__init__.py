@@ -9,9 +9,11 @@ The flow, one folder or module per step:
     job                      runs one `Options` through those steps
 
 Beside them: `storage` (the only file I/O), `errors`, `credentials`,
-`console`, `progress`, `faults` (test fault points), `verify`
-(``python -m pipeline.verify``), `preview` (its ``--preview`` picture) and
-`_compat` (every private Beam reach).
+`stop` (a signal's clean stop), `progress`, `faults` (test fault points),
+`verify` (``python -m pipeline.verify``), `preview` (its ``--preview``
+picture) and `_compat` (every private Beam reach).
 The data contract it writes lives in the neutral `mnist_contract` package,
-which the trainer imports too.
+which the trainer imports too; the rest the two share (the output lock, the
+console: start-up, log format and exit statuses, one-line usage errors) in
+the neutral `mnist_common` package.
 """

@@ -4,7 +4,8 @@ The command line is parsed once (`pipeline.options.parse`): the job's own
 flags are checked before Beam or TensorFlow is imported, so ``--help`` and
 bad values answer at once; the job then runs with the parsed options. A
 failure is one line ``error: ...`` and the exit status of the table in
-README.md (`mnist_common.console`, each `PipelineError`'s ``exit_status``).
+docs/README.md, "Exit status" (`mnist_common.console`, each `PipelineError`'s
+``exit_status``).
 """
 
 import logging
@@ -37,8 +38,7 @@ class _DropInputErrorTracebacks(logging.Filter):
 
 
 def _configure_logging() -> None:
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(message)s")
+    console.configure_logging(logging.INFO)
     for handler in logging.getLogger().handlers:
         handler.addFilter(_DropInputErrorTracebacks())
     logging.getLogger("apache_beam").setLevel(logging.WARNING)

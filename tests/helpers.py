@@ -7,6 +7,7 @@ import gzip
 import http.server
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -19,6 +20,9 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# A log line of any program (`mnist_common.console.LOG_FORMAT`): time, level, logger.
+LOG_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (?P<level>[A-Z]+) "
+                      r"(?P<logger>[\w.]+): ")
 EMULATOR_BUCKET = "test-bucket"
 
 

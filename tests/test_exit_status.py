@@ -1,4 +1,4 @@
-"""One exit-status table for the four commands (README.md, "Exit status").
+"""One exit-status table for every command (docs/README.md, "Exit status").
 
 Each command's rows, in-process. Rows whose case takes a long run are tested
 beside it: SIGINT 130, SIGTERM 143 and SIGHUP 129 in the job
@@ -7,7 +7,8 @@ and SIGINT 130 in the trainer (test_trainer_preemption.py), storage failing
 during the job 1 (test_pipeline_storage_errors.py), a trainer run that
 cannot commit its export 1 and a successful run 0 (test_trainer_export_commit.py,
 test_trainer_cli.py), predict's bad PNGs 2 and its run on a split 0
-(test_trainer_export.py).
+(test_trainer_export.py), predict's SIGINT, SIGTERM and SIGHUP
+(test_trainer_predict_signals.py); the launchers' rows in tests/launch/.
 """
 
 from __future__ import annotations
@@ -25,6 +26,20 @@ def test_the_table():
     assert (console.GAVE_UP, console.TIMED_OUT, console.LOST) == (75, 124, 255)
     assert (console.INTERRUPTED, console.TERMINATED) == (130, 143)
     assert console.stopped_by(signal.SIGHUP) == 129
+
+
+def test_the_table_users_read_has_a_row_for_every_named_status():
+    """docs/README.md, "Exit status": one row per status `console` names, and 128+N."""
+    from tests.helpers import REPO
+    text = (REPO / "docs" / "README.md").read_text()
+    section = text.split("## Exit status", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1].strip() for line in section.splitlines()
+            if line.startswith("| ") and not line.startswith("| status")]
+    named = [console.OK, console.FAILURE, console.BAD_INPUT, console.GAVE_UP,
+             console.TIMED_OUT, console.LOST]
+    assert rows == [*map(str, named), "128+N"]
+    for program in ("mnist-launch-dataflow", "mnist-launch-tpu", "python -m trainer.predict"):
+        assert program in section
 
 
 @pytest.fixture

@@ -66,3 +66,15 @@ def test_both_roles_pin_the_same_gcs_client():
                      if Requirement(r).name == "google-cloud-storage"]
               for role in ("pipeline", "trainer")}
     assert ranges["pipeline"] == ranges["trainer"] == ["<4,>=3"]
+
+
+def test_the_wheel_ships_every_source_package_and_no_benchmark_or_test():
+    """The declared packages are the checkout's packages (folders with an
+    __init__.py) except `benchmarks` and `tests`, which run from a checkout only."""
+    declared = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    found = {init.parent.relative_to(REPO).as_posix().replace("/", ".")
+             for init in REPO.glob("*/**/__init__.py")
+             if not {".venv", "build", "__pycache__"} & set(init.relative_to(REPO).parts)}
+    assert {"benchmarks", "tests"} <= {name.split(".")[0] for name in found}
+    shipped = {name for name in found if name.split(".")[0] not in ("benchmarks", "tests")}
+    assert sorted(declared["packages"]) == sorted(shipped)

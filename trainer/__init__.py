@@ -36,7 +36,9 @@ too: Python runs it before any ``trainer.x`` module, so every module of the
 package that imports TensorFlow gets tf-keras, whoever imports it.
 
 Importing the package never imports Apache Beam, nor the `pipeline` package:
-what it shares with the conversion job is the neutral `mnist_contract`.
+what it shares with the conversion job is in the two neutral packages,
+`mnist_contract` (the data contract) and `mnist_common` (the storage lock,
+the console: start-up, log format and exit statuses, one-line usage errors).
 """
 
 from mnist_common import console

@@ -4,8 +4,9 @@ A thin entry point: flags → `TrainConfig` (`trainer.config.parse_flags`,
 whose default ``--preset=auto`` is settled once TensorFlow has started
 quietly), `trainer.train.train_and_evaluate`, one line of final metrics. Expected
 failures (`TrainerError`) end with one line on stderr, no traceback, and the
-exit status of the table in README.md (`mnist_common.console`): a flag that
-`trainer.config` refuses is a bad flag (2). A stop on SIGTERM, SIGINT or
+exit status of the table in docs/README.md, "Exit status"
+(`mnist_common.console`): a flag that `trainer.config` refuses is a bad flag
+(2). A stop on SIGTERM, SIGINT or
 SIGHUP (`trainer.run.preemption`), during training or outside it, ends with
 one line and exit status 128 + the signal's number.
 
@@ -86,8 +87,8 @@ def _end_process(status: int) -> NoReturn:
     (`trainer.train`) and a stop has saved its checkpoint. What unwinding would
     still do is free the interrupted loop's input iterators, and TensorFlow's
     teardown of each waits for tf.data's autotuning thread to wake (checked
-    against TF 2.21.0; the wait measured is in docs/trainer.md, "Faults
-    tried"), and a preempted VM may be gone before that.
+    against TF 2.21.0; the wait measured is in docs/trainer.md, "Preemption:
+    SIGTERM, Ctrl-C and SIGHUP"), and a preempted VM may be gone before that.
     """
     sys.stdout.flush()
     sys.stderr.flush()
@@ -105,7 +106,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """
     owns_process = argv is None
     # The trainer's own INFO lines; only warnings from TensorFlow and absl.
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    console.configure_logging(logging.WARNING)
     logging.getLogger("trainer").setLevel(logging.INFO)
     with ProcessSignals():  # a signal outside the training steps: one line, 128 + N
         try:

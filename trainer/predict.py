@@ -19,8 +19,10 @@ As the trainer's, the command prints only its own lines: TensorFlow's C++
 start-up lines are dropped (`mnist_common.console`). Every path goes through
 ``tf.io.gfile``. A problem (no export, a file that is not a 28x28 PNG, no
 manifest, an unknown split) ends with one line ``error: FILE: problem`` and
-the exit status of the table in README.md (`TrainerError.exit_status`);
-lines already printed stay.
+the exit status of the table in docs/README.md, "Exit status"
+(`TrainerError.exit_status`); lines already printed stay. Ctrl-C, SIGTERM
+and SIGHUP end it with one line ``error: predict: stopped by SIGTERM``
+and 128+N (`mnist_common.console.exit_on_signals`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,12 @@ from mnist_common import console
 from mnist_common.flags import OneLineParser
 
 if __name__ == "__main__":  # the command, not an import: before TensorFlow loads
+    # Ctrl-C, SIGTERM and SIGHUP end the command with one line and 128+N from
+    # here to its exit, TensorFlow's import of several seconds included; the
+    # process ends inside the block, so it is never left (a module global
+    # keeps the generator, whose collection would leave it).
+    _STOP_ON_SIGNALS = console.exit_on_signals("predict")
+    _STOP_ON_SIGNALS.__enter__()
     console.use_tf_keras()
     console.import_tensorflow_quietly()
 

@@ -1,3 +1,3 @@
 """Spot runs of ``launch.tpu run``: `decide` picks the next action from what
-was observed, `cloud` observes and acts through gcloud, `events` and
+was observed, `launch.tpu.cloud` observes and acts through gcloud, `events` and
 `journal` record the run, `runner` loops until the trainer exits."""

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from mnist_common import console
+
 # VM states of ``describe --format=value(state)``, plus two of our own.
 READY = "READY"
 GONE = "GONE"        # describe: NOT_FOUND
@@ -30,10 +32,10 @@ QUEUED_ACTIVE = "ACTIVE"
 UNREACHABLE = "unreachable"  # the status check over ssh failed
 UNASKED = "unasked"          # not asked: the VM is not READY
 
-EXIT_SIGTERM = 143   # the trainer saved and stopped on SIGTERM: a preemption notice
-EXIT_GAVE_UP = 75    # --max_recoveries reached (EX_TEMPFAIL: rerun to go on)
-EXIT_TIMEOUT = 124   # as timeout(1): --wait_timeout
-EXIT_LOST = 255      # as ssh: the cloud did not answer for --retry_seconds
+# Exit statuses (`mnist_common.console`): the trainer saved and stopped on
+# SIGTERM (a preemption notice) is console.TERMINATED; --max_recoveries
+# reached, GAVE_UP; --wait_timeout passed, TIMED_OUT; the cloud did not
+# answer for --retry_seconds, LOST.
 
 WAIT, CREATE, SETUP, RECOVER, REPLACE = "wait", "create", "setup", "recover", "replace"
 FINISH, FAIL, GIVE_UP, LOST, TIMEOUT = "finish", "fail", "give up", "lost", "timeout"
@@ -51,7 +53,7 @@ class Trainer:
         """Stopped by SIGTERM after saving (a preemption notice), or gone
         without an exit status (killed with its host): training was cut
         short, not finished and not failed."""
-        return ((self.state == "exited" and self.code == EXIT_SIGTERM)
+        return ((self.state == "exited" and self.code == console.TERMINATED)
                 or self.state == "stopped")
 
 
@@ -96,17 +98,17 @@ def decide(vm: str, trainer: Trainer, tally: Tally) -> Decision:
     if vm in LOST_STATES or (vm == GONE and tally.had_vm) or (
             vm == READY and trainer.lost()):
         if tally.recoveries >= tally.max_recoveries:
-            return Decision(GIVE_UP, EXIT_GAVE_UP, f"{_loss(vm, trainer)}; "
+            return Decision(GIVE_UP, console.GAVE_UP, f"{_loss(vm, trainer)}; "
                             f"--max_recoveries={tally.max_recoveries} reached")
         return Decision(RECOVER, why=_loss(vm, trainer))
     if tally.elapsed > tally.wait_timeout:
-        return Decision(TIMEOUT, EXIT_TIMEOUT,
+        return Decision(TIMEOUT, console.TIMED_OUT,
                         f"still not finished after {tally.wait_timeout:g} s (--wait_timeout)")
     if tally.failing_seconds > tally.retry_seconds:
-        return Decision(LOST, EXIT_LOST, f"calls to the cloud failed for "
+        return Decision(LOST, console.LOST, f"calls to the cloud failed for "
                         f"{tally.failing_seconds:.0f} s (--retry_seconds)")
     if tally.refused_seconds > tally.retry_seconds:
-        return Decision(LOST, EXIT_LOST, f"every create was refused for "
+        return Decision(LOST, console.LOST, f"every create was refused for "
                         f"{tally.refused_seconds:.0f} s (--retry_seconds); "
                         "try another zone, or --queued")
     if vm == GONE:
@@ -125,7 +127,7 @@ def _decide_ready(trainer: Trainer, tally: Tally) -> Decision:
         return Decision(FAIL, trainer.code or 1,
                         f"the trainer exited with status {trainer.code}")
     if trainer.state == "not started":
-        if tally.setup_rc not in (None, EXIT_LOST):
+        if tally.setup_rc not in (None, console.LOST):
             return Decision(FAIL, tally.setup_rc,
                             f"setting up or starting the trainer exited {tally.setup_rc}")
         return Decision(SETUP)

@@ -23,9 +23,9 @@ import sys
 from pathlib import Path
 
 from launch.tpu import commands as tc
+from mnist_common import console
 from launch.spot.events import Standing, replay
 
-EXIT_BAD_INPUT, EXIT_IN_USE = 2, 1
 # The fields `spot_events.Standing.apply` reads, and what each may hold.
 COUNTS = {"step": 0, "total": 1, "recovery": 1}
 
@@ -33,7 +33,7 @@ COUNTS = {"step": 0, "total": 1, "recovery": 1}
 class JournalError(Exception):
     """The journal cannot be used; the message is one line."""
 
-    def __init__(self, message: str, code: int = EXIT_BAD_INPUT):
+    def __init__(self, message: str, code: int = console.BAD_INPUT):
         super().__init__(message)
         self.code = code
 
@@ -118,7 +118,7 @@ class Journal:
         except BlockingIOError:
             raise JournalError(f"{self.path}: in use by another launcher of this run; "
                                "let it end, or pass another --events file",
-                               EXIT_IN_USE) from None
+                               console.FAILURE) from None
 
     def _records(self) -> list[tuple[int, dict]]:
         """Each line's record, checked; a torn last line is cut off."""

@@ -1,6 +1,6 @@
 """``launch_tpu_vm.py run``: a spot TPU run from start to result, through preemptions.
 
-A loop in the manner of Orbit's controller: observe (`Cloud.observe`: the
+A loop in the manner of Orbit's controller: observe (`RunObserves._observe`: the
 VM's state, and the trainer's over ssh when the VM is READY), ask
 `spot_decide.decide`, act, observe again. The actions:
 
@@ -33,13 +33,12 @@ from contextlib import contextmanager
 from typing import Callable, Iterator
 
 from launch import common as lc
+from mnist_common import console
 from launch.spot import decide as sd
 from launch.tpu import commands as tc
-from launch.spot.cloud import Cloud, create_failure, last_line
+from launch.tpu.cloud import Cloud, create_failure, last_line
 from launch.spot.events import Events, Standing
 from launch.spot.journal import Journal, JournalError, identity
-
-EXIT_INTERRUPTED = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
 
 
 class Interrupted(Exception):
@@ -70,9 +69,9 @@ def trainer_cadence(cfg: tc.TpuConfig) -> tuple[int, int, int, bool] | None:
             config.loop == "keras")
 
 
-class RunEnds:
-    """A run's state and counts, and how it removes its VM and ends
-    (`SpotRun` adds how it goes)."""
+class RunCounts:
+    """A run's state and counts (`RunEnds` adds how it removes its VM and
+    ends, `RunObserves` what it sees, `SpotRun` how it goes)."""
 
     def __init__(self, cfg: tc.TpuConfig, cloud: Cloud, events: Events,
                  standing: Standing, clock: Callable[[], float] = time.monotonic,
@@ -113,6 +112,10 @@ class RunEnds:
             return None
         return sd.checkpoint_gap(self.s.total, *self.cadence)
 
+
+class RunEnds(RunCounts):
+    """How a run removes its VM and ends, once and with one summary."""
+
     def _remove(self) -> None:
         """Deletes the VM and returns once describe says it is gone; retried
         for ``--retry_seconds``, then `RunError` (255) naming the VM left.
@@ -131,7 +134,7 @@ class RunEnds:
                     continue
                 failures += 1
             if self.clock() > deadline:
-                raise RunError(sd.EXIT_LOST, f"{self.cfg.name} could not be deleted in "
+                raise RunError(console.LOST, f"{self.cfg.name} could not be deleted in "
                                f"{self.cfg.retry_seconds:g} s (--retry_seconds); delete it "
                                "yourself: " + " ".join(tc.delete_commands(self.cfg)[0]))
             self.sleep(sd.backoff(failures, self.cfg.poll_seconds))
@@ -182,7 +185,7 @@ class RunEnds:
         further signals are ignored (`ending`), so the VM is never left
         half handled."""
         self.ending = True
-        code = EXIT_INTERRUPTED[signum]
+        code = console.stopped_by(signum)
         name = signal.Signals(signum).name
         try:
             if not self.cfg.keep:
@@ -232,76 +235,9 @@ class RunEnds:
                          redo=None if redo is None else [0, 0], vm=self.cfg.name)
 
 
-class SpotRun(RunEnds):
-    """One spot run: observe, `spot_decide.decide`, act, until an ending."""
-
-    def run(self, prepare: Callable[[], None] = lambda: None) -> int:
-        """The whole run; its exit status (`spot_decide`'s, or 128+N for
-        signal N). ``prepare`` runs first, under the same signal handling."""
-        with self._signals_raise():
-            try:
-                prepare()
-                return self._loop()
-            except RunError as exc:
-                return self._end(sd.Decision(sd.FAIL, exc.code, str(exc)), sd.UNKNOWN,
-                                 sd.Trainer(sd.UNASKED))
-            except lc.ConfigError as exc:  # the wheel did not build
-                return self._end(sd.Decision(sd.FAIL, 2, str(exc)), sd.UNKNOWN,
-                                 sd.Trainer(sd.UNASKED))
-            except Interrupted as exc:
-                return self._interrupted(exc.signum)
-            except KeyboardInterrupt:
-                return self._interrupted(signal.SIGINT)
-
-    @contextmanager
-    def _signals_raise(self) -> Iterator[None]:
-        """SIGINT, SIGTERM and SIGHUP raise `Interrupted` until the run
-        ends; then they are ignored (only the main thread takes signals)."""
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-
-        def handler(signum, frame):
-            if not self.ending:
-                raise Interrupted(signum)
-        previous = {s: signal.signal(s, handler) for s in EXIT_INTERRUPTED}
-        try:
-            yield
-        finally:
-            for s, old in previous.items():
-                signal.signal(s, old)
-
-    def _loop(self) -> int:
-        self._announce()
-        while True:
-            vm, trainer = self._observe()
-            decision = sd.decide(vm, trainer, self._tally())
-            if decision.action in sd.ENDINGS:
-                return self._end(decision, vm, trainer)
-            if decision.action == sd.WAIT:
-                self.sleep(sd.backoff(self.failures, self.cfg.poll_seconds))
-            elif decision.action == sd.CREATE:
-                self._create()
-            elif decision.action == sd.SETUP:
-                self._setup()
-            elif decision.action == sd.RECOVER:
-                if not self.s.lost_noted:
-                    self._note_loss(decision, vm, trainer)
-                self._remove()
-            else:  # REPLACE: a queued resource that failed
-                self.events.emit("replacing", f"{self.cfg.name}: {decision.why}")
-                self._remove()
-
-    def _announce(self) -> None:
-        """The ``started`` event: what runs, and where a restarted launcher
-        takes its run up (its identity is checked against the journal's)."""
-        cfg, s = self.cfg, self.s
-        taken_up = (f"; taking up the run in {cfg.events}: {s.recoveries} "
-                    f"recoveries so far" if s.events else "")
-        self.events.emit("started", f"{cfg.name}: {cfg.accelerator_type} in {cfg.zone}, "
-                         f"model_dir {cfg.model_dir}{taken_up}", run=identity(cfg))
-
-    # ------------------------------------------------------------ observe
+class RunObserves(RunEnds):
+    """What a run sees: the VM's state, its trainer's, and the progress the
+    trainer reports (as events)."""
 
     def _observe(self) -> tuple[str, sd.Trainer]:
         """The VM's state and, when it is READY, its trainer's; a failed
@@ -349,6 +285,76 @@ class SpotRun(RunEnds):
                              f"{latest.total}", step=latest.step, total=latest.total,
                              hosts=sorted(self.s.vm_hosts))
 
+
+class SpotRun(RunObserves):
+    """One spot run: observe, `spot_decide.decide`, act, until an ending."""
+
+    def run(self, prepare: Callable[[], None] = lambda: None) -> int:
+        """The whole run; its exit status (`spot_decide`'s, or 128+N for
+        signal N). ``prepare`` runs first, under the same signal handling."""
+        with self._signals_raise():
+            try:
+                prepare()
+                return self._loop()
+            except RunError as exc:
+                return self._end(sd.Decision(sd.FAIL, exc.code, str(exc)), sd.UNKNOWN,
+                                 sd.Trainer(sd.UNASKED))
+            except lc.LaunchError as exc:  # the wheel did not build
+                return self._end(sd.Decision(sd.FAIL, exc.code, str(exc)), sd.UNKNOWN,
+                                 sd.Trainer(sd.UNASKED))
+            except (Interrupted, lc.Stopped) as exc:  # lc.Stopped: during a command
+                return self._interrupted(exc.signum)
+            except KeyboardInterrupt:
+                return self._interrupted(signal.SIGINT)
+
+    @contextmanager
+    def _signals_raise(self) -> Iterator[None]:
+        """SIGINT, SIGTERM and SIGHUP raise `Interrupted` until the run
+        ends; then they are ignored (only the main thread takes signals)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handler(signum, frame):
+            if not self.ending:
+                raise Interrupted(signum)
+        previous = {s: signal.signal(s, handler) for s in console.STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for s, old in previous.items():
+                signal.signal(s, old)
+
+    def _loop(self) -> int:
+        self._announce()
+        while True:
+            vm, trainer = self._observe()
+            decision = sd.decide(vm, trainer, self._tally())
+            if decision.action in sd.ENDINGS:
+                return self._end(decision, vm, trainer)
+            if decision.action == sd.WAIT:
+                self.sleep(sd.backoff(self.failures, self.cfg.poll_seconds))
+            elif decision.action == sd.CREATE:
+                self._create()
+            elif decision.action == sd.SETUP:
+                self._setup()
+            elif decision.action == sd.RECOVER:
+                if not self.s.lost_noted:
+                    self._note_loss(decision, vm, trainer)
+                self._remove()
+            else:  # REPLACE: a queued resource that failed
+                self.events.emit("replacing", f"{self.cfg.name}: {decision.why}")
+                self._remove()
+
+    def _announce(self) -> None:
+        """The ``started`` event: what runs, and where a restarted launcher
+        takes its run up (its identity is checked against the journal's)."""
+        cfg, s = self.cfg, self.s
+        taken_up = (f"; taking up the run in {cfg.events}: {s.recoveries} "
+                    f"recoveries so far" if s.events else "")
+        self.events.emit("started", f"{cfg.name}: {cfg.accelerator_type} in {cfg.zone}, "
+                         f"model_dir {cfg.model_dir}{taken_up}", run=identity(cfg))
+
     # ------------------------------------------------------------ actions
 
     def _create(self) -> None:
@@ -367,7 +373,8 @@ class SpotRun(RunEnds):
             return
         kind = create_failure(err + out)
         if kind == "permanent":
-            raise RunError(1, f"creating {self.cfg.name} failed: {last_line(err + out)}")
+            raise RunError(console.FAILURE,
+                           f"creating {self.cfg.name} failed: {last_line(err + out)}")
         self.refusals += 1
         if self.refused_since is None:
             self.refused_since = self.clock()
@@ -395,7 +402,7 @@ class SpotRun(RunEnds):
         if rc == 0:
             self._answered()
             self._started()
-        elif rc == sd.EXIT_LOST:
+        elif rc == console.LOST:
             self._failed()
             self.events.emit("ssh failed", f"{self.cfg.name}: {last_line(err or out)}")
             self.sleep(sd.backoff(self.failures, self.cfg.poll_seconds))

@@ -1,3 +1,4 @@
 """The TPU VM launcher: `launch.tpu.topology` knows the slices,
-`launch.tpu.commands` builds the gcloud and host commands, `launch.tpu.cli`
-parses the flags and runs the steps."""
+`launch.tpu.commands` builds the gcloud and host commands, `launch.tpu.cloud`
+runs them (each step, and the spot runs' calls), `launch.tpu.cli` parses the
+flags and runs the steps."""

@@ -36,7 +36,7 @@ delete  ``gcloud compute tpus tpu-vm delete NAME --quiet``.
 run     a spot run from start to result: create (``--queued``: a queued
         resource), setup, train, wait, and on a preemption delete, create
         again and resume, until the trainer exits (launch/spot/runner.py;
-        docs/trainer.md, "Spot runs").
+        docs/launch.md, "Spot runs").
 
 ``--preset=tpu`` (the trainer's TPU recipe: the CPU recipe's convnet,
 augmentation and schedule at global batch 1024, bfloat16, 50 steps per
@@ -87,57 +87,23 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-import time
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from launch import common as lc
 from launch.spot import runner as spot_runner
-from launch.spot.cloud import Cloud
+from launch.tpu.cloud import Cloud, compare_manifest, run_step
 from launch.tpu.commands import (DEFAULT_DIST_DIR, DEFAULT_LIBTPU, DEFAULT_TENSORFLOW,
-                                 PREINSTALLED, REMOTE_DIR, TpuConfig, exit_note,
-                                 manifest_command, parse_status, phases, plan,
-                                 summarize_status, trainer_command)
-from launch.tpu.topology import default_runtime_version, is_multi_host, slice_hosts
-from mnist_contract import MANIFEST_FILE, ContractError, Manifest, join_path
+                                 PREINSTALLED, TpuConfig, check_trainer_args, phases, plan)
+from launch.tpu.topology import default_runtime_version, is_multi_host
+from mnist_common import console
 from mnist_common.flags import OneLineParser
 
 STEPS = ("create", "setup", "train", "wait", "delete")
 # Steps that only talk to an existing VM: they need its name and zone alone.
 VM_STEPS = ("wait", "status", "logs", "delete")
 VERBS = STEPS + ("status", "logs", "all", "run")
-EXIT_TIMEOUT = 124   # as timeout(1)
-EXIT_LOST = 255      # as ssh when it cannot reach the host
-POLL_FAILURES = 5    # failed status checks in a row before ``wait`` gives up
-
-
-def train_shards_warning(cfg: TpuConfig, rc: int, manifest_text: str) -> str | None:
-    """Why the slice's hosts may read the train split badly, or None.
-
-    With fewer train files than hosts the trainer cannot give each host its
-    own files: every host reads the whole split and keeps every n-th record.
-    A manifest that cannot be read here is a warning too, not a failure:
-    the trainer reads it on the TPU itself and names any problem there.
-    """
-    hosts = slice_hosts(cfg.accelerator_type)
-    where = join_path(cfg.data, MANIFEST_FILE)
-    if rc != 0:
-        return (f"{where}: not read (gcloud storage cat exited {rc}); the train "
-                f"files were not compared with the {hosts} host(s) of "
-                f"{cfg.accelerator_type}")
-    try:
-        files = len(Manifest.from_json(manifest_text, origin=where)
-                    .split("train").shards)
-    except ContractError as exc:
-        problem = str(exc).removeprefix(f"{where}: ")
-        return (f"{where}: {problem}; the train files were not compared with "
-                "the slice's hosts")
-    if files >= hosts:
-        return None
-    return (f"{where}: the train split has {files} file(s) but {cfg.accelerator_type} "
-            f"has {hosts} hosts, so every host reads all of it and keeps one record "
-            f"in {hosts}; rerun the pipeline with --min_shards={hosts} "
-            "(or a multiple of it)")
+PROGRAM = "mnist-launch-tpu"
 
 
 def _add_run_flags(common: argparse.ArgumentParser) -> None:
@@ -220,35 +186,28 @@ def resolve_config(args: argparse.Namespace, trainer_args: Sequence[str],
 
     Steps that only talk to an existing VM need its name and zone; the
     others also the accelerator and its software, and ``train`` the gs://
-    folders.
+    folders. Every setting is settled first, then the config is built once.
     """
     steps = STEPS if args.step in ("all", "run") else (args.step,)
     _check_step_flags(args, steps, trainer_args)
-    cfg = _vm_config(args, trainer_args, environ)
-    if set(steps) <= set(VM_STEPS):
-        return cfg
-    _resolve_software(cfg, args, environ)
+    settings = _vm_settings(args, trainer_args, environ)
+    if not set(steps) <= set(VM_STEPS):
+        settings.update(_software_settings(args, environ))
+        if "train" in steps:
+            settings.update(_train_folders(args))
+        _refuse_launcher_flags(trainer_args)
+    cfg = TpuConfig(**settings)
     if "train" in steps:
-        _resolve_train_folders(cfg, args)
-    for arg in cfg.trainer_args:
+        check_trainer_args(cfg)
+    return cfg
+
+
+def _refuse_launcher_flags(trainer_args: Sequence[str]) -> None:
+    for arg in trainer_args:
         if arg.split("=", 1)[0] in ("--data", "--model_dir", "--strategy",
                                     "--tpu"):
             raise lc.ConfigError(f"{arg.split('=', 1)[0]} is set by this "
                                  "launcher; drop it")
-    if "train" in steps:
-        _check_trainer_args(cfg)
-    return cfg
-
-
-def _check_trainer_args(cfg: TpuConfig) -> None:
-    """The trainer's own answer to the command the hosts will run, asked here
-    before a TPU VM is created: a misspelled flag or a value the trainer
-    refuses would otherwise end the run only once the VM is up and set up.
-    `trainer.config` loads no TensorFlow (the standard library is enough)."""
-    from trainer.config import flag_problem
-    problem = flag_problem(trainer_command(cfg)[3:], on_tpu=True)
-    if problem:
-        raise lc.ConfigError(f"trainer arguments: {problem}")
 
 
 def _check_step_flags(args: argparse.Namespace, steps: Sequence[str],
@@ -269,8 +228,8 @@ def _check_step_flags(args: argparse.Namespace, steps: Sequence[str],
                              f"{shlex.join(trainer_args)}")
 
 
-def _vm_config(args: argparse.Namespace, trainer_args: Sequence[str],
-               environ: Mapping[str, str] | None) -> TpuConfig:
+def _vm_settings(args: argparse.Namespace, trainer_args: Sequence[str],
+                 environ: Mapping[str, str] | None) -> dict:
     """The settings every step needs: the VM's name, zone and project, and
     the launcher's own options."""
     name = lc.first_setting(args.name, lc.env("TPU_NAME", environ=environ))
@@ -280,7 +239,7 @@ def _vm_config(args: argparse.Namespace, trainer_args: Sequence[str],
         "TPU_ZONE", "CLOUDSDK_COMPUTE_ZONE", environ=environ))
     if not zone:
         raise lc.ConfigError("--zone is required (or set TPU_ZONE)")
-    return TpuConfig(
+    return dict(
         name=name, zone=zone,
         project=lc.first_setting(args.project, lc.env(
             "GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT", environ=environ)),
@@ -288,7 +247,7 @@ def _vm_config(args: argparse.Namespace, trainer_args: Sequence[str],
         max_recoveries=args.max_recoveries, keep=args.keep,
         events=args.events and args.events.resolve(),
         logs_dir=args.logs_dir.resolve(), retry_seconds=args.retry_seconds,
-        trainer_args=list(trainer_args), delete_after=args.delete_after,
+        trainer_args=tuple(trainer_args), delete_after=args.delete_after,
         poll_seconds=args.poll_seconds, wait_timeout=args.wait_timeout,
         lines=args.lines, follow=args.follow,
         gcloud=args.gcloud, python=args.python,
@@ -296,8 +255,8 @@ def _vm_config(args: argparse.Namespace, trainer_args: Sequence[str],
         build_isolation=not args.no_build_isolation)
 
 
-def _resolve_software(cfg: TpuConfig, args: argparse.Namespace,
-                      environ: Mapping[str, str] | None) -> None:
+def _software_settings(args: argparse.Namespace,
+                       environ: Mapping[str, str] | None) -> dict:
     """The accelerator, its TPU software image and the TensorFlow to run on it.
 
     A multi-host slice needs a TensorFlow pod image and its own TensorFlow,
@@ -309,37 +268,37 @@ def _resolve_software(cfg: TpuConfig, args: argparse.Namespace,
         raise lc.ConfigError(
             "--accelerator_type is required (or set TPU_ACCELERATOR_TYPE), "
             "e.g. v4-8")
-    cfg.accelerator_type = accelerator
-    cfg.multi_host = is_multi_host(accelerator)
-    cfg.runtime_version = (lc.first_setting(args.runtime_version, lc.env(
+    multi_host = is_multi_host(accelerator)
+    runtime_version = (lc.first_setting(args.runtime_version, lc.env(
         "TPU_RUNTIME_VERSION", environ=environ))
         or default_runtime_version(accelerator))
-    tf_image = cfg.runtime_version.startswith("tpu-vm-tf-")
-    cfg.tensorflow = args.tensorflow or (PREINSTALLED if tf_image
-                                         else DEFAULT_TENSORFLOW)
-    if cfg.multi_host and not (tf_image and "-pod" in cfg.runtime_version):
+    tf_image = runtime_version.startswith("tpu-vm-tf-")
+    tensorflow = args.tensorflow or (PREINSTALLED if tf_image else DEFAULT_TENSORFLOW)
+    if multi_host and not (tf_image and "-pod" in runtime_version):
         raise lc.ConfigError(
             f"{accelerator} spans several hosts and needs a TensorFlow pod "
-            f"image, not {cfg.runtime_version!r}: pass "
+            f"image, not {runtime_version!r}: pass "
             "--runtime_version=tpu-vm-tf-<version>-pod-pjrt")
-    if cfg.multi_host and cfg.tensorflow != PREINSTALLED:
+    if multi_host and tensorflow != PREINSTALLED:
         raise lc.ConfigError(
             "on a multi-host slice keep the pod image's TensorFlow "
             f"(--tensorflow={PREINSTALLED}); it runs the TPU worker service")
+    return dict(accelerator_type=accelerator, multi_host=multi_host,
+                runtime_version=runtime_version, tensorflow=tensorflow)
 
 
-def _resolve_train_folders(cfg: TpuConfig, args: argparse.Namespace) -> None:
+def _train_folders(args: argparse.Namespace) -> dict:
     """``--data`` and ``--model_dir``: required, and gs:// (TPU hosts read
     and write Cloud Storage, not this machine's disk)."""
     if not (args.data or "").strip():
         raise lc.ConfigError(
             "--data is required: the gs:// folder the pipeline wrote")
-    cfg.data = lc.require_gs(args.data, "--data")
+    data = lc.require_gs(args.data, "--data")
     if not args.model_dir:
         raise lc.ConfigError(
             "--model_dir is required: a gs:// folder (TPU hosts cannot "
             "write to this machine's disk)")
-    cfg.model_dir = lc.require_gs(args.model_dir, "--model_dir")
+    return dict(data=data, model_dir=lc.require_gs(args.model_dir, "--model_dir"))
 
 
 # What --dry_run adds to the plan of ``run`` (its commands without a preemption).
@@ -356,143 +315,75 @@ RUN_PLAN_NOTE = """\
 #   calls failing or creates refused: retried with backoff for
 #     --retry_seconds={cfg.retry_seconds:g}, then exit 255"""
 
-Runner = Callable[[lc.Command], tuple[int, str]]
-
-
-def wait_for_trainer(cfg: TpuConfig, cmd: lc.Command,
-                     run: Runner = lc.run_command_output,
-                     sleep: Callable[[float], None] = time.sleep,
-                     clock: Callable[[], float] = time.monotonic) -> int:
-    """Run the status command until the trainer exits; its exit status.
-
-    A failed check (the VM unreachable for a moment) is retried; after
-    ``POLL_FAILURES`` in a row the wait gives up with 255. After
-    ``cfg.wait_timeout`` seconds of a running trainer it gives up with 124.
-    Giving up never stops the trainer.
-    """
-    start, failures = clock(), 0
-    while True:
-        rc, output = run(cmd)
-        states = parse_status(output)
-        if rc != 0 or not states:
-            failures += 1
-            if failures >= POLL_FAILURES:
-                return lc.fail(f"{cfg.name}: {failures} status checks in a "
-                               f"row failed (last exit {rc}); training may "
-                               "still be running", EXIT_LOST)
-        else:
-            failures = 0
-            state, code = summarize_status(states)
-            if state == "exited":
-                print(f"training on {cfg.name} finished with exit status "
-                      f"{code}{exit_note(code)}", file=sys.stderr)
-                return code
-            if state == "stopped":
-                return lc.fail(f"{cfg.name}: the trainer stopped without an "
-                               "exit status (killed, or the host restarted);"
-                               " see the logs step", 1)
-            if state == "not started":
-                return lc.fail(f"{cfg.name}: no trainer was started there "
-                               f"({REMOTE_DIR}/train.pid is missing)", 1)
-        if clock() - start >= cfg.wait_timeout:
-            return lc.fail(f"{cfg.name}: training still running after "
-                           f"{cfg.wait_timeout:g} s (--wait_timeout); it "
-                           "goes on, see the status and logs steps",
-                           EXIT_TIMEOUT)
-        sleep(cfg.poll_seconds)
-
-
-def _run_phase(name: str, commands: Sequence[lc.Command], cfg: TpuConfig,
-               pyproject: Mapping) -> int:
-    if name == "wait":
-        [cmd] = commands
-        return wait_for_trainer(cfg, cmd)
-    if name == "status":
-        [cmd] = commands
-        rc, output = lc.run_command_output(cmd)
-        sys.stdout.write(output)
-        if rc != 0:
-            return rc
-        code = summarize_status(parse_status(output))[1]
-        if exit_note(code):
-            print(f"{cfg.name}: exit status {code}{exit_note(code)}", file=sys.stderr)
-        return code
-    if name == "train":
-        manifest, *commands = commands
-        warning = train_shards_warning(cfg, *lc.run_command_output(manifest))
-        if warning:
-            print(f"warning: {warning}", file=sys.stderr)
-    build = lc.wheel_build_command(cfg.python, cfg.dist_dir / "src",
-                                   cfg.dist_dir, cfg.build_isolation)
-    for cmd in commands:
-        if cmd == build:
-            wheel = lc.prepare_wheel_build(cfg.dist_dir, pyproject)
-            lc.check_wheel_build(lc.run_command(cmd, cwd=lc.REPO_ROOT), wheel)
-            continue
-        rc = lc.run_command(cmd, cwd=lc.REPO_ROOT)
-        if rc != 0:
-            return rc
-    return 0
-
-
 def run_spot(cfg: TpuConfig, pyproject: Mapping) -> int:
     """``run``: the journal checked (launch/spot/journal.py), the manifest
     compared with the slice once, then the spot loop (launch/spot/runner.py)
     until the run ends."""
-    def compare_manifest() -> None:
-        warning = train_shards_warning(cfg, *lc.run_command_output(manifest_command(cfg)))
-        if warning:
-            print(f"warning: {warning}", file=sys.stderr)
-    return spot_runner.run_spot(cfg, Cloud(cfg, pyproject), compare_manifest)
+    planned = dict(phases("run", cfg, pyproject))
+    return spot_runner.run_spot(cfg, Cloud(cfg, pyproject, planned), lambda: compare_manifest(
+        Cloud.shown(cfg, pyproject, planned)))
 
 
 def execute(step: str, cfg: TpuConfig, pyproject: Mapping) -> int:
-    """Run ``phases(step)`` until one fails (``run``: `run_spot`).
+    """Run the steps of ``phases(step)`` until one fails (``run``: `run_spot`).
 
     In ``all`` the final delete (``--delete_after``) runs once the VM was
-    created, whatever happens after: a failure, a wait that gave up, an
-    interrupt.
+    created, whatever happens after: a failure, a wait that gave up, a
+    signal.
     """
     if step == "run":
         return run_spot(cfg, pyproject)
     work = phases(step, cfg, pyproject)
-    delete = work.pop() if step == "all" and cfg.delete_after else None
+    cloud = Cloud.shown(cfg, pyproject, dict(work))
+    names = [name for name, _ in work]
+    delete = names.pop() if step == "all" and cfg.delete_after else None
     rc, created = 0, False
     try:
-        for name, commands in work:
-            rc = _run_phase(name, commands, cfg, pyproject)
+        for name in names:
+            rc = run_step(name, cloud)
             if rc != 0:
                 break
             created = created or name == "create"
     finally:
         if delete and created:
-            delete_rc = _run_phase(*delete, cfg, pyproject)
+            delete_rc = run_step(delete, cloud)
             rc = rc or delete_rc
     return rc
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Exit status: the step's (`wait`: the trainer's, 124, 255), 2 for bad
+    settings, 1 when a command fails to run, 128 + N for signal N. A signal
+    goes to the gcloud command that runs (`launch.common.run_command`),
+    then stops the launcher; ``all --delete_after`` deletes the VM first.
+    Training on the hosts goes on. ``run`` handles signals itself
+    (launch/spot/runner.py)."""
     args, rest = parse_args(sys.argv[1:] if argv is None else argv)
+    signals = (console.exit_on_signals(PROGRAM) if args.step == "run"
+               else lc.raising_on_signals())
     try:
-        cfg = resolve_config(args, rest)
-        pyproject = lc.load_pyproject()
-        if args.dry_run:
-            print(lc.format_commands(plan(args.step, cfg, pyproject)))
-            if args.step in ("all", "wait"):
-                print(f"# the status command repeats every "
-                      f"{cfg.poll_seconds:g} s until the trainer exits "
-                      f"(--wait_timeout {cfg.wait_timeout:g} s)",
-                      file=sys.stderr)
-            if args.step == "run":
-                print(RUN_PLAN_NOTE.format(cfg=cfg), file=sys.stderr)
-            return 0
+        with signals:
+            return _main(args, rest)
+    except lc.LaunchError as exc:
+        return lc.fail(str(exc), exc.code)
+    except lc.Stopped as exc:
+        return lc.stopped(exc, PROGRAM)
+
+
+def _main(args: argparse.Namespace, rest: list[str]) -> int:
+    cfg = resolve_config(args, rest)
+    pyproject = lc.load_pyproject()
+    if not args.dry_run:
         return execute(args.step, cfg, pyproject)
-    except lc.ConfigError as exc:
-        return lc.fail(str(exc))
-    except KeyboardInterrupt:
-        # Training on the hosts goes on (``all --delete_after`` has deleted
-        # the VM by now).
-        return lc.fail("interrupted", 130)
+    print(lc.format_commands(plan(args.step, cfg, pyproject)))
+    if args.step in ("all", "wait"):
+        print(f"# the status command repeats every "
+              f"{cfg.poll_seconds:g} s until the trainer exits "
+              f"(--wait_timeout {cfg.wait_timeout:g} s)",
+              file=sys.stderr)
+    if args.step == "run":
+        print(RUN_PLAN_NOTE.format(cfg=cfg), file=sys.stderr)
+    return console.OK
 
 
 if __name__ == "__main__":

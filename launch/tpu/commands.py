@@ -13,12 +13,14 @@ from __future__ import annotations
 import dataclasses
 import re
 import shlex
+import signal
 import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
 from launch import common as lc
 
+from mnist_common import console
 from mnist_common.storage_lock import DEAD_HOSTS_ENV
 from mnist_contract import MANIFEST_FILE, join_path
 
@@ -59,8 +61,9 @@ _MISSING = ('MISSING="$(sed -n "s/.*\\] \\([A-Za-z0-9_]*\\) not available '
             f'in this library.*/\\1/p" {CHECK_LOG} | head -n 1)"')
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class TpuConfig:
+    """A launch's settings, settled once (`launch.tpu.cli.resolve_config`)."""
     name: str
     zone: str
     project: str | None = None
@@ -73,7 +76,7 @@ class TpuConfig:
     queued: bool = False
     data: str | None = None
     model_dir: str | None = None
-    trainer_args: list[str] = dataclasses.field(default_factory=list)
+    trainer_args: tuple[str, ...] = ()
     delete_after: bool = False
     poll_seconds: float = 60.0
     wait_timeout: float = 86400.0
@@ -232,6 +235,17 @@ def trainer_command(cfg: TpuConfig) -> list[str]:
     return ["python3", "-m", "trainer", *preset, "--strategy=tpu",
             f"--tpu={tpu}", f"--data={cfg.data}",
             f"--model_dir={cfg.model_dir}", *cfg.trainer_args]
+
+
+def check_trainer_args(cfg: TpuConfig) -> None:
+    """The trainer's own answer to the command the hosts will run, asked here
+    before a TPU VM is created: a misspelled flag or a value the trainer
+    refuses would otherwise end the run only once the VM is up and set up.
+    `trainer.config` loads no TensorFlow (the standard library is enough)."""
+    from trainer.config import flag_problem
+    problem = flag_problem(trainer_command(cfg)[3:], on_tpu=True)
+    if problem:
+        raise lc.ConfigError(f"trainer arguments: {problem}")
 
 
 def train_script(cfg: TpuConfig, dead_hosts: Sequence[str] = ()) -> str:
@@ -423,7 +437,8 @@ def plan(step: str, cfg: TpuConfig, pyproject: Mapping) -> list[lc.Command]:
 
 # The trainer's exit status after a clean stop on a signal (trainer/run/preemption.py:
 # 128 + the signal number): a checkpoint of that step is saved.
-STOPPED_BY_SIGNAL = {143: "SIGTERM", 130: "SIGINT", 129: "SIGHUP"}
+STOPPED_BY_SIGNAL = {console.stopped_by(s): signal.Signals(s).name
+                     for s in console.STOP_SIGNALS}
 
 
 def exit_note(code: int) -> str:

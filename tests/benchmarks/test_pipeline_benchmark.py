@@ -16,7 +16,7 @@ SECONDS = r"(\d+\.\d\d) s"
 
 @pytest.mark.slow
 def test_benchmark_prints_the_physical_floor_beside_the_baseline():
-    proc = subprocess.run([sys.executable, "benchmarks/pipeline_benchmark.py", "--factors=1",
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.pipeline_benchmark", "--factors=1",
                            "--repeats=1", "--skip_scale"], cwd=REPO, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -49,8 +49,7 @@ def test_benchmark_prints_the_physical_floor_beside_the_baseline():
     assert re.search(r"job CPU/floor CPU ratio: median \d+\.\d\dx", out), out
 
 
-def test_the_floor_gunzips_in_pieces_and_refuses_a_cut_file(monkeypatch):
-    monkeypatch.setattr(sys, "path", list(sys.path))  # the module puts benchmarks/ on it
+def test_the_floor_gunzips_in_pieces_and_refuses_a_cut_file():
     from benchmarks import pipeline_benchmark as benchmark
     data = os.urandom(3 * benchmark.GUNZIP_PIECE) + bytes(5 * benchmark.GUNZIP_PIECE)
     packed = gzip.compress(data)
@@ -60,12 +59,24 @@ def test_the_floor_gunzips_in_pieces_and_refuses_a_cut_file(monkeypatch):
         benchmark.gunzip_streamed(packed[:-100])
 
 
-def test_the_floors_direct_write_writes_the_blocks_back_to_back(tmp_path, monkeypatch):
+def test_the_floors_direct_write_writes_the_blocks_back_to_back(tmp_path):
     import mmap
-    monkeypatch.setattr(sys, "path", list(sys.path))
     from benchmarks import pipeline_benchmark as benchmark
     blocks = [os.urandom(n) for n in (benchmark.FLOOR_BLOCK, 5, benchmark.FLOOR_BLOCK + 7, 0, 3)]
     buffer = mmap.mmap(-1, benchmark.FLOOR_BLOCK)
     if not benchmark.write_direct(blocks, tmp_path / "f", buffer):
         pytest.skip("this file system does not take O_DIRECT")
     assert (tmp_path / "f").read_bytes() == b"".join(blocks)
+
+
+@pytest.mark.slow
+def test_the_scale_runs_print_their_records_shards_time_and_memory(tmp_path, capsys):
+    from benchmarks import pipeline_benchmark as benchmark
+    benchmark.scale(tmp_path, 0.0001)  # two tiny jobs: ~60 and ~120 records
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("Scale (synthetic")
+    assert len(lines) == 3
+    for line in lines[1:]:
+        assert re.fullmatch(r"\s+[\d,]+ records, +\d+ MB: 1 shards of [\d.]+-[\d.]+ MB, +"
+                            r"\d+\.\d s, +[\d,]+ records/s, peak RSS +\d+ MiB", line), line
+    assert list(tmp_path.iterdir()) == []

@@ -29,7 +29,7 @@ BAR = re.compile(r"^median minor faults as is ÷ baseline: ([\d.]+)x "
 
 def test_benchmark_prints_the_pair_and_the_fault_bar():
     proc = subprocess.run(
-        [sys.executable, "benchmarks/replica_malloc_benchmark.py", "--examples=2048",
+        [sys.executable, "-m", "benchmarks.replica_malloc_benchmark", "--examples=2048",
          "--epochs=2", "--repeats=1"],
         cwd=REPO, capture_output=True, text=True, timeout=600,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
@@ -49,7 +49,7 @@ def test_benchmark_prints_the_pair_and_the_fault_bar():
 
 def test_bad_flags_are_one_line():
     proc = subprocess.run(
-        [sys.executable, "benchmarks/replica_malloc_benchmark.py", "--epochs=1"],
+        [sys.executable, "-m", "benchmarks.replica_malloc_benchmark", "--epochs=1"],
         cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "needs --epochs >= 2" in proc.stderr.strip().splitlines()[-1]

@@ -251,7 +251,7 @@ def test_end_to_end_figures_agree(tmp_path):
     from tests.trainer_data import write_dataset
     write_dataset(str(tmp_path / "data"), num_train=512, num_test=64, train_shards=2)
     proc = subprocess.run(
-        [sys.executable, "benchmarks/time_to_accuracy.py", str(tmp_path / "data"),
+        [sys.executable, "-m", "benchmarks.time_to_accuracy", str(tmp_path / "data"),
          "--epochs_example=2", "--trainer_flags=--epochs=2 --steps_per_execution=2",
          f"--work_dir={tmp_path / 'work'}"],
         cwd=REPO, capture_output=True, text=True, timeout=600)

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 
 def test_benchmark_prints_every_ratio_bar_and_stage():
     proc = subprocess.run(
-        [sys.executable, "benchmarks/trainer_benchmark.py", "--examples=1024", "--shards=2",
+        [sys.executable, "-m", "benchmarks.trainer_benchmark", "--examples=1024", "--shards=2",
          "--batch=32", "--input_batches=20", "--steps=50", "--repeats=1",
          "--fit_repeats=1", "--memory_examples=4096"],
         cwd=REPO, capture_output=True, text=True, timeout=600,
@@ -53,7 +53,7 @@ def test_benchmark_measures_the_named_ratios_on_a_given_dataset(tmp_path):
     data = str(tmp_path / "data")
     trainer_data.write_dataset(data, num_train=1100, num_test=10, train_shards=2, test_shards=1)
     proc = subprocess.run(
-        [sys.executable, "benchmarks/trainer_benchmark.py", f"--data={data}",
+        [sys.executable, "-m", "benchmarks.trainer_benchmark", f"--data={data}",
          "--ratios=input_memory_1024,input_memory_128", "--repeats=1",
          "--memory_examples=4096"],
         cwd=REPO, capture_output=True, text=True, timeout=600,

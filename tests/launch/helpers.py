@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from launch.tpu import cli as lt
+from launch.tpu import cloud as tpu_cloud
 from launch.tpu import commands as tc
 from tests.helpers import REPO
 
@@ -110,8 +111,9 @@ class FakeHost:
 
 def wait_with(host: FakeHost, *extra: str) -> int:
     cfg, [cmd] = tpu_plan("wait", "--poll_seconds=30", *extra)
-    return lt.wait_for_trainer(cfg, cmd, run=host.run, sleep=host.sleep,
-                               clock=lambda: host.now)
+    cloud = tpu_cloud.Cloud(cfg, PYPROJECT, {"wait": [cmd]},
+                            run=lambda cmd: (*host.run(cmd), ""))
+    return tpu_cloud.wait_for_trainer(cloud, sleep=host.sleep, clock=lambda: host.now)
 
 
 RUNNING = (0, status_line("running pid=12") + "\n")

@@ -15,8 +15,11 @@ records its arguments.
 from __future__ import annotations
 
 import shlex
+import signal
+import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -25,7 +28,8 @@ import pytest
 from launch import common as lc
 from launch import dataflow as ld
 from tests.helpers import REPO
-from tests.launch.helpers import PYPROJECT, WHEEL, fake_program, flag_values, run_script
+from tests.launch.helpers import (PYPROJECT, WHEEL, clean_env, fake_program, flag_values,
+                                  run_script)
 
 
 # --------------------------------------------------------------- Dataflow
@@ -279,3 +283,79 @@ def test_a_launcher_usage_error_is_one_line(script, argv, line):
     proc = run_script(script, *argv)
     assert proc.returncode == 2
     assert (proc.stdout, proc.stderr.splitlines()) == ("", [line])
+
+
+# ------------------------------------------------- exit status and signals
+
+def fake_python(tmp_path: Path) -> Path:
+    """A ``python`` for the wheel build and the job. ``BUILD=fail``: the
+    build exits 3; ``BUILD=hang``: it touches ``ready`` and sleeps (SIGTERM
+    kills it). The job touches ``ready`` and sleeps; on SIGTERM it prints
+    one line and exits 143, as `pipeline` does."""
+    python = tmp_path / "python"
+    python.write_text(f"""#!{sys.executable}
+import os, pathlib, signal, sys, time
+args, ready = sys.argv[1:], pathlib.Path({str(tmp_path / 'ready')!r})
+if args[:3] == ["-m", "pip", "wheel"]:
+    if os.environ.get("BUILD") == "fail":
+        sys.exit(3)
+    if os.environ.get("BUILD") == "hang":
+        ready.touch()
+        time.sleep(600)
+    wheel_dir = pathlib.Path(args[args.index("--wheel-dir") + 1])
+    (wheel_dir / {WHEEL!r}).write_text("wheel")
+elif args[:2] == ["-m", "pipeline"]:
+    def stop(signum, frame):
+        pathlib.Path({str(tmp_path / 'job.signal')!r}).write_text(str(signum))
+        print("error: pipeline: stopped by SIGTERM", file=sys.stderr)
+        sys.exit(143)
+    signal.signal(signal.SIGTERM, stop)
+    ready.touch()
+    time.sleep(600)
+""")
+    python.chmod(0o755)
+    return python
+
+
+def start_dataflow(tmp_path: Path, **env: str) -> subprocess.Popen:
+    python = fake_python(tmp_path)
+    return subprocess.Popen(
+        [sys.executable, str(REPO / "scripts" / "launch_dataflow.py"), *DF_ARGS,
+         f"--python={python}", f"--dist_dir={tmp_path / 'dist'}"],
+        cwd=REPO, env=clean_env(**env), stderr=subprocess.PIPE, text=True)
+
+
+def signal_when_ready(tmp_path: Path, proc: subprocess.Popen, signum: int) -> str:
+    """Sends ``signum`` to the launcher once its child said it runs; its stderr."""
+    for _ in range(1200):  # a bound for a child that never starts, not a speed bar
+        if (tmp_path / "ready").exists() or proc.poll() is not None:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    return err
+
+
+def test_a_wheel_build_that_fails_is_a_run_time_failure(tmp_path):
+    proc = start_dataflow(tmp_path, BUILD="fail")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1
+    assert err.splitlines()[-1] == "error: building the project wheel failed (exit 3)"
+
+
+def test_sigterm_goes_to_the_job_and_its_status_is_the_launchers(tmp_path):
+    """The job says why it stopped; the launcher adds no line of its own."""
+    proc = start_dataflow(tmp_path)
+    err = signal_when_ready(tmp_path, proc, signal.SIGTERM)
+    assert proc.returncode == 143, err
+    assert (tmp_path / "job.signal").read_text() == str(int(signal.SIGTERM))
+    assert err.splitlines()[-1] == "error: pipeline: stopped by SIGTERM"
+    assert "mnist-launch-dataflow" not in err and "Traceback" not in err
+
+
+def test_a_child_killed_by_the_signal_leaves_the_launcher_one_line(tmp_path):
+    proc = start_dataflow(tmp_path, BUILD="hang")
+    err = signal_when_ready(tmp_path, proc, signal.SIGHUP)
+    assert proc.returncode == 129, err
+    assert err.splitlines()[-1] == "error: mnist-launch-dataflow: stopped by SIGHUP"
+    assert not (tmp_path / "job.signal").exists() and "Traceback" not in err

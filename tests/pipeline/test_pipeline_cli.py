@@ -10,7 +10,7 @@ import pytest
 from pipeline import credentials, options
 from pipeline.__main__ import main
 from pipeline.errors import PipelineInputError
-from tests.helpers import REPO, run_job
+from tests.helpers import LOG_LINE, REPO, run_job
 
 
 def error_lines(capsys):
@@ -171,6 +171,7 @@ def test_a_run_prints_no_startup_noise_and_each_fact_once(tmp_path):
         assert marker not in result.stderr, result.stderr
     assert result.stderr.count("Source:") == 1, result.stderr
     assert result.stderr.count("offline sample") == 1
+    assert all(LOG_LINE.match(line) for line in result.stderr.splitlines()), result.stderr
     everything = result.stdout + result.stderr
     assert everything.count("4000 examples") == 1, everything
     assert everything.count("1000 examples") == 1, everything

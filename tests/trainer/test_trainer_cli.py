@@ -13,7 +13,7 @@ import pytest
 
 import mnist_contract as contract
 from tests import trainer_data
-from tests.helpers import REPO
+from tests.helpers import LOG_LINE, REPO
 from trainer import __main__ as cli
 from trainer import config as config_lib
 from trainer.config import TrainConfig
@@ -506,4 +506,6 @@ def test_cpu_replicas_from_the_shell(trainer_dataset, tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "(keras loop, MirroredStrategy, 2 replica(s))" in proc.stdout
-    assert [l for l in proc.stderr.splitlines() if not l.startswith("INFO trainer")] == []
+    lines = [LOG_LINE.match(line) for line in proc.stderr.splitlines()]
+    assert all(m and m["level"] == "INFO" and m["logger"].startswith("trainer")
+               for m in lines), proc.stderr

@@ -2,9 +2,9 @@
 once, every epoch a seeded permutation of it, resume by arithmetic.
 
 Runs in the test process on TF's ``ram://`` filesystem, ``InputContext``
-objects built by hand to play the role of several hosts (as in
-test_trainer_input.py). The two-replica runs of both loops, resumed and
-compared bit for bit, are in test_trainer_memory_resume.py.
+objects built by hand to play the role of several hosts (tests/trainer/
+input_helpers.py, as in test_trainer_input.py). The two-replica runs of both
+loops, resumed and compared bit for bit, are in test_trainer_memory_resume.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import tensorflow as tf
 
 import mnist_contract as contract
 from tests import trainer_data
-from tests.trainer.test_trainer_input import batches, context, indices, ram_dir, split
+from tests.trainer.input_helpers import batches, context, indices, ram_dir, split
 from trainer import __main__ as cli
 from trainer.data import in_memory, input_pipeline
 

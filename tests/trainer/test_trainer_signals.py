@@ -136,7 +136,7 @@ def test_a_run_stopped_in_training_ends_without_tearing_it_down(tmp_path, error,
                                                                 line):
     """After the line, the command ends at once: what the stopped training
     still holds, whose TensorFlow teardown can take a minute (docs/trainer.md,
-    "Faults tried"), is never freed, and what was printed before is kept."""
+    "Preemption: SIGTERM, Ctrl-C and SIGHUP"), is never freed, and what was printed before is kept."""
     result = python(_HELD_BY_TRAINING.format(error=error, argv=""), tmp_path)
     assert (result.returncode, result.stdout) == (status, "trained 3 steps\n"), result.stderr
     assert result.stderr.splitlines()[-1] == line

@@ -4,6 +4,8 @@ when the run sleeps, and every wait the run asked for recorded."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from launch.spot import decide as sd
 from launch.spot import events as spot_events
 from launch.spot import journal as spot_journal
@@ -64,7 +66,7 @@ def loop(cloud, tmp_path, *flags, events=None, sleeps=None, out=None):
     """The run's exit status and what it printed. ``sleeps`` gets each wait
     it asked for; ``out``: a stream for its lines instead of a file."""
     cfg, _ = tpu_plan("run", *with_defaults(["--poll_seconds=1", "--retry_seconds=30"], flags))
-    cfg.events = events
+    cfg = dataclasses.replace(cfg, events=events)
     now = [0.0]
 
     def sleep(seconds):

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from launch.spot import cloud as spot_cloud
+from launch.tpu import cloud as tpu_cloud
 from launch.spot import decide as sd
 from launch.spot import journal as spot_journal
 from launch.tpu import commands as tc
@@ -70,7 +70,7 @@ def test_backoff_doubles_up_to_the_poll():
     ("ERROR: ... INVALID_ARGUMENT: bad accelerator", "permanent"),
     ("ERROR: ... UNAVAILABLE: try again", "transient")])
 def test_create_failures(text, kind):
-    assert spot_cloud.create_failure(text) == kind
+    assert tpu_cloud.create_failure(text) == kind
 
 
 # ------------------------------------------------- the loop, scripted

@@ -10,11 +10,13 @@ output line for line.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +24,10 @@ import pytest
 import mnist_contract as contract
 from launch import common as lc
 from launch.tpu import cli as lt
+from launch.tpu import cloud as tpu_cloud
 from launch.tpu import commands as tc
+from mnist_common import console
+from tests.helpers import REPO
 from tests.launch.helpers import (PYPROJECT, RUNNING, TPU_ARGS, WHEEL, FakeHost,
                                   clean_env, fake_program, flag_values, host_env,
                                   remote_state, run_remote, run_script, status_line, tpu_plan,
@@ -323,21 +328,21 @@ def test_wait_polls_until_the_trainer_exits(capsys):
 
 def test_wait_rides_out_failed_checks_but_not_too_many(capsys):
     failed = (255, "")
-    host = FakeHost([failed] * (lt.POLL_FAILURES - 1) + [RUNNING]
-                    + [failed] * (lt.POLL_FAILURES - 1)
+    host = FakeHost([failed] * (tpu_cloud.POLL_FAILURES - 1) + [RUNNING]
+                    + [failed] * (tpu_cloud.POLL_FAILURES - 1)
                     + [(0, status_line("exited status=0"))])
     assert wait_with(host) == 0
-    host = FakeHost([RUNNING] + [failed] * lt.POLL_FAILURES)
-    assert wait_with(host) == lt.EXIT_LOST
-    assert host.calls == 1 + lt.POLL_FAILURES
+    host = FakeHost([RUNNING] + [failed] * tpu_cloud.POLL_FAILURES)
+    assert wait_with(host) == console.LOST
+    assert host.calls == 1 + tpu_cloud.POLL_FAILURES
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith(f"error: mnist-tpu: {lt.POLL_FAILURES} status "
+    assert err[-1].startswith(f"error: mnist-tpu: {tpu_cloud.POLL_FAILURES} status "
                               "checks in a row failed (last exit 255)")
 
 
 def test_wait_gives_up_after_the_timeout(capsys):
     host = FakeHost([RUNNING] * 10)
-    assert wait_with(host, "--wait_timeout=90") == lt.EXIT_TIMEOUT
+    assert wait_with(host, "--wait_timeout=90") == console.TIMED_OUT
     assert host.calls == 4 and host.now == 90
     assert "still running after 90 s (--wait_timeout)" in \
         capsys.readouterr().err
@@ -426,6 +431,27 @@ def test_execute_runs_exactly_what_dry_run_prints(tmp_path, step, extra):
     assert real.returncode == 0, real.stderr
     assert dry.stdout.strip()
     assert log.read_text() == dry.stdout
+
+
+@pytest.mark.parametrize("step", ["create", "setup", "train", "wait", "status", "logs",
+                                  "delete", "all"])
+def test_each_step_runs_its_planned_commands_through_the_one_cloud_layer(tmp_path, step):
+    """`tpu_cloud.Cloud` runs every step from `tc.phases`, the plan ``--dry_run``
+    prints (the wheel build too: the one place it is special)."""
+    cfg, planned = tpu_plan(step, f"--dist_dir={tmp_path}", "--poll_seconds=0")
+    calls = []
+
+    def record(cmd):
+        calls.append(cmd)
+        if "--wheel-dir" in cmd:
+            (tmp_path / WHEEL).write_text("wheel")
+        if any(tc.STATUS_PREFIX in a for a in cmd):
+            return 0, status_line("exited status=0") + "\n", ""
+        return 0, manifest_text(1) if "storage" in cmd else "", ""
+    work = tc.phases(step, cfg, PYPROJECT)
+    cloud = tpu_cloud.Cloud(cfg, PYPROJECT, dict(work), run=record)
+    assert [tpu_cloud.run_step(name, cloud) for name, _ in work] == [0] * len(work)
+    assert calls == planned
 
 
 def test_execute_repeats_only_the_status_check_while_training(tmp_path):
@@ -541,6 +567,16 @@ def test_tpu_settings_from_environment():
     assert flags["version"] == "tpu-vm-tf-2.19.0-pjrt"
 
 
+def test_tpu_config_is_settled_once_and_frozen():
+    """Every setting is resolved before the config is built: nothing later
+    changes it (a step that needs another value makes a new one)."""
+    cfg, _ = tpu_plan("all", "--epochs=2")
+    assert (cfg.accelerator_type, cfg.multi_host, cfg.data) == ("v4-8", False, "gs://bkt/mnist")
+    assert cfg.trainer_args == ("--epochs=2",)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.data = "gs://other"  # type: ignore[misc]
+
+
 @pytest.mark.parametrize("step,drop,message", [
     ("create", "--name", "--name is required"),
     ("create", "--zone", "--zone is required"),
@@ -615,8 +651,74 @@ def test_tpu_all_interrupted_while_waiting_still_deletes(tmp_path):
                       f"--python={python}", f"--dist_dir={tmp_path / 'd'}",
                       env=env)
     assert proc.returncode == 130
-    assert proc.stderr.strip().splitlines()[-1] == "error: interrupted"
+    assert proc.stderr.strip().splitlines()[-1] == "error: mnist-launch-tpu: stopped by SIGINT"
     assert "Traceback" not in proc.stderr
     verbs = [verb(shlex.split(c)) for c in log.read_text().splitlines()
              if c.startswith("gcloud")]
     assert verbs == ["create", "scp", "ssh", "storage cat", "ssh", "ssh", "delete"]
+
+
+def start_launcher(argv: list[str], env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, str(REPO / "scripts" / "launch_tpu_vm.py"), *argv],
+                            cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+
+
+def until_called(log: Path, what: str) -> None:
+    for _ in range(1200):  # a bound for a launcher that never gets there, not a speed bar
+        if log.exists() and what in log.read_text():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"never called: {what}")
+
+
+def test_sigterm_during_a_gcloud_command_goes_to_it_and_stops_the_launcher(tmp_path):
+    """``wait``: the status check gets the SIGTERM and dies of it, as gcloud
+    does; the launcher says so in one line and exits 143."""
+    env, log, _ = fake_cloud(tmp_path)
+    gcloud = Path(env["PATH"].split(os.pathsep)[0]) / "gcloud"
+    signalled = tmp_path / "gcloud.signal"
+    gcloud.write_text(gcloud.read_text().replace(
+        "    polls = pathlib.Path(",
+        "    import signal, time\n"
+        f"    signal.signal(signal.SIGTERM, lambda n, f: (pathlib.Path({str(signalled)!r})"
+        ".write_text(str(n)), signal.signal(n, signal.SIG_DFL), os.kill(os.getpid(), n)))\n"
+        f"    pathlib.Path({str(tmp_path / 'ready')!r}).touch()\n"
+        "    time.sleep(300)\n"
+        "    polls = pathlib.Path(").replace("import pathlib,", "import os, pathlib,"))
+    proc = start_launcher(["wait", *TPU_ARGS], env)
+    until_called(log, tc.STATUS_PREFIX)
+    for _ in range(1200):  # as above
+        if (tmp_path / "ready").exists():
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert signalled.read_text() == str(int(signal.SIGTERM))
+    # gcloud said nothing; the launcher's line says why it stopped.
+    assert err.splitlines()[-1] == "error: mnist-launch-tpu: stopped by SIGTERM"
+
+
+def test_all_stopped_by_sighup_between_checks_deletes_the_vm(tmp_path):
+    env, log, python = fake_cloud(tmp_path, running_polls=100)
+    proc = start_launcher(["all", *TPU_ARGS, "--delete_after", "--poll_seconds=300",
+                           f"--python={python}", f"--dist_dir={tmp_path / 'd'}"], env)
+    until_called(log, tc.STATUS_PREFIX)
+    proc.send_signal(signal.SIGHUP)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 129, err
+    assert err.splitlines()[-1] == "error: mnist-launch-tpu: stopped by SIGHUP"
+    assert "Traceback" not in err
+    verbs = [verb(shlex.split(c)) for c in log.read_text().splitlines()
+             if c.startswith("gcloud")]
+    assert verbs == ["create", "scp", "ssh", "storage cat", "ssh", "ssh", "delete"]
+
+
+def test_setup_with_a_wheel_that_does_not_build_is_a_run_time_failure(tmp_path):
+    env, log, _ = fake_cloud(tmp_path)
+    python = fake_program(tmp_path / "failing-python", "exit 3\n")
+    proc = run_script("launch_tpu_vm.py", "setup", *TPU_ARGS, f"--python={python}",
+                      f"--dist_dir={tmp_path / 'd'}", env=env)
+    assert proc.returncode == 1
+    assert proc.stderr.splitlines()[-1] == "error: building the project wheel failed (exit 3)"
+    assert not log.exists()  # nothing copied

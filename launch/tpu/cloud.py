@@ -1,0 +1,297 @@
+"""The gcloud calls of the TPU VM launcher, for every step and for ``run``.
+
+`Cloud` runs the commands `launch.tpu.commands.phases` planned (the ones
+``--dry_run`` prints), each call saying what it saw: a VM state, a trainer
+state, an exit status and the output. None decides what to do about it:
+the steps below stop at the first failure, ``run`` asks
+`launch.spot.decide.decide`. A step shows each command and its output as
+it runs (`Cloud.shown`); ``run`` captures them and shows them only when
+they matter.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from launch import common as lc
+from launch.spot import decide as sd
+from launch.tpu import commands as tc
+from launch.tpu.topology import slice_hosts
+from mnist_common import console
+from mnist_contract import MANIFEST_FILE, ContractError, Manifest, join_path
+
+Result = tuple[int, str, str]  # exit status, stdout, stderr
+Runner = Callable[[lc.Command], Result]
+Plan = Mapping[str, Sequence[lc.Command]]  # a step's name -> its commands
+# gcloud's words for a create that failed for want of capacity, and for one
+# that will fail the same way however often it is retried.
+STOCKOUT_MARKERS = ("no more capacity", "resource_exhausted", "stockout")
+PERMANENT_MARKERS = ("invalid_argument", "permission_denied", "unauthenticated",
+                     "quota", "invalid value")
+POLL_FAILURES = 5    # failed status checks in a row before ``wait`` gives up
+
+
+def run_captured(cmd: lc.Command) -> Result:
+    """Runs ``cmd`` with its output captured (shown only when it fails)."""
+    try:
+        proc = subprocess.run(list(cmd), capture_output=True, text=True,
+                              errors="replace", check=False, cwd=lc.REPO_ROOT)
+    except FileNotFoundError:
+        return 127, "", f"{cmd[0]}: command not found"
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def run_shown(cmd: lc.Command) -> Result:
+    """Shows ``cmd`` and runs it with its output shown (`lc.run_command`)."""
+    return lc.run_command(cmd, cwd=lc.REPO_ROOT), "", ""
+
+
+def ask_shown(cmd: lc.Command) -> Result:
+    """Shows ``cmd`` and runs it for its stdout (`lc.run_command_output`)."""
+    return (*lc.run_command_output(cmd), "")
+
+
+def last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else "no output"
+
+
+def create_failure(text: str) -> str:
+    """``stockout``, ``permanent`` or ``transient``: what a failed create's
+    error says about trying again."""
+    lowered = text.lower()
+    if "quota" not in lowered and any(m in lowered for m in STOCKOUT_MARKERS):
+        return "stockout"
+    if any(m in lowered for m in PERMANENT_MARKERS):
+        return "permanent"
+    return "transient"
+
+
+class Cloud:
+    """The gcloud calls of a launch, from its planned commands; each says
+    what it saw, none decides.
+
+    ``run`` runs a command whose output is only shown, ``ask`` one whose
+    stdout is read; ``shows_output``: both show it as it comes.
+    """
+
+    def __init__(self, cfg: tc.TpuConfig, pyproject: Mapping, planned: Plan,
+                 run: Runner = run_captured, ask: Runner | None = None,
+                 shows_output: bool = False):
+        self.cfg, self.pyproject, self.planned = cfg, pyproject, planned
+        self.run, self.ask = run, ask or run
+        self.shows_output = shows_output
+
+    @classmethod
+    def shown(cls, cfg: tc.TpuConfig, pyproject: Mapping, planned: Plan) -> "Cloud":
+        """A cloud whose commands and output are shown as they run (the steps)."""
+        return cls(cfg, pyproject, planned, run_shown, ask_shown, shows_output=True)
+
+    def vm_state(self) -> str:
+        """The VM's state (`spot_decide`'s states: GONE, UNKNOWN, READY, ...)."""
+        if not self.cfg.queued:
+            [describe] = self.planned["describe"]
+            return self._described(describe)
+        queued_describe, describe = self.planned["describe"]
+        queued = self._described(queued_describe)
+        node = self._described(describe) if queued == sd.QUEUED_ACTIVE else ""
+        return sd.queued_vm_state(queued, node)
+
+    def _described(self, cmd: lc.Command) -> str:
+        rc, out, err = self.ask(cmd)
+        if rc == 0 and out.split():
+            return out.split()[0]
+        return sd.GONE if rc != 0 and "NOT_FOUND" in err else sd.UNKNOWN
+
+    def status(self) -> Result:
+        """The status script's answer from every host (`tc.parse_status`)."""
+        [cmd] = self.planned.get("wait") or self.planned["status"]
+        return self.ask(cmd)
+
+    def trainer(self) -> tuple[sd.Trainer, list[tc.Progress]]:
+        """The trainer's state over ssh, and each host's progress."""
+        rc, out, _ = self.status()
+        states = tc.parse_status(out)
+        if rc != 0 or not states:
+            return sd.Trainer(sd.UNREACHABLE), []
+        state, code = tc.summarize_status(states)
+        return sd.Trainer(state, code if state == "exited" else None), tc.parse_progress(out)
+
+    def create(self) -> Result:
+        [cmd] = self.planned["create"]
+        return self.run(cmd)
+
+    def build_wheel(self) -> None:
+        """The project wheel, built here (once for every VM of a run);
+        `lc.RunFailure` when it does not build."""
+        build = self.planned["setup"][0]
+        wheel = lc.prepare_wheel_build(self.cfg.dist_dir, self.pyproject)
+        rc, _, err = self.run(build)
+        if rc != 0 and not self.shows_output:
+            print(err[-2000:], file=sys.stderr)
+        lc.check_wheel_build(rc, wheel)
+
+    def install(self) -> Result:
+        """Copies the wheel to every host and installs it; the first failure."""
+        return self._in_turn(self.planned["setup"][1:])
+
+    def _in_turn(self, commands: Sequence[lc.Command]) -> Result:
+        """Runs ``commands`` until one fails; the last result."""
+        result = 0, "", ""
+        for cmd in commands:
+            result = self.run(cmd)
+            if result[0] != 0:
+                return result
+        return result
+
+    def manifest(self) -> Result:
+        return self.ask(self.planned["train"][0])
+
+    def start_trainer(self, dead_hosts: Sequence[str] = ()) -> Result:
+        """Starts the trainer detached; ``dead_hosts``: see `tc.train_script`."""
+        start = self.planned["train"][1]
+        if dead_hosts:
+            _, start = tc.train_commands(self.cfg, dead_hosts)
+        return self.run(start)
+
+    def logs(self) -> Result:
+        return self._in_turn(self.planned["logs"])
+
+    def delete(self) -> Result:
+        [cmd] = self.planned["delete"]
+        return self.run(cmd)
+
+    def fetch_log(self, dest: Path) -> Result:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        return self.run(tc.fetch_log_command(self.cfg, dest))
+
+
+# ------------------------------------------------------------------ steps
+
+def train_shards_warning(cfg: tc.TpuConfig, rc: int, manifest_text: str) -> str | None:
+    """Why the slice's hosts may read the train split badly, or None.
+
+    With fewer train files than hosts the trainer cannot give each host its
+    own files: every host reads the whole split and keeps every n-th record.
+    A manifest that cannot be read here is a warning too, not a failure:
+    the trainer reads it on the TPU itself and names any problem there.
+    """
+    hosts = slice_hosts(cfg.accelerator_type)
+    where = join_path(cfg.data, MANIFEST_FILE)
+    if rc != 0:
+        return (f"{where}: not read (gcloud storage cat exited {rc}); the train "
+                f"files were not compared with the {hosts} host(s) of "
+                f"{cfg.accelerator_type}")
+    try:
+        files = len(Manifest.from_json(manifest_text, origin=where)
+                    .split("train").shards)
+    except ContractError as exc:
+        problem = str(exc).removeprefix(f"{where}: ")
+        return (f"{where}: {problem}; the train files were not compared with "
+                "the slice's hosts")
+    if files >= hosts:
+        return None
+    return (f"{where}: the train split has {files} file(s) but {cfg.accelerator_type} "
+            f"has {hosts} hosts, so every host reads all of it and keeps one record "
+            f"in {hosts}; rerun the pipeline with --min_shards={hosts} "
+            "(or a multiple of it)")
+
+
+def compare_manifest(cloud: Cloud) -> None:
+    """Reads the dataset's manifest and warns when the slice has more hosts
+    than the train split has files (`train_shards_warning`)."""
+    rc, out, _ = cloud.manifest()
+    warning = train_shards_warning(cloud.cfg, rc, out)
+    if warning:
+        print(f"warning: {warning}", file=sys.stderr)
+
+
+def wait_for_trainer(cloud: Cloud, sleep: Callable[[float], None] = time.sleep,
+                     clock: Callable[[], float] = time.monotonic) -> int:
+    """Asks for the trainer's state until it exits; its exit status.
+
+    A failed check (the VM unreachable for a moment) is retried; after
+    ``POLL_FAILURES`` in a row the wait gives up with 255. After
+    ``cfg.wait_timeout`` seconds of a running trainer it gives up with 124.
+    Giving up never stops the trainer.
+    """
+    cfg, start, failures = cloud.cfg, clock(), 0
+    while True:
+        rc, output, _ = cloud.status()
+        states = tc.parse_status(output)
+        if rc != 0 or not states:
+            failures += 1
+            if failures >= POLL_FAILURES:
+                return lc.fail(f"{cfg.name}: {failures} status checks in a "
+                               f"row failed (last exit {rc}); training may "
+                               "still be running", console.LOST)
+        else:
+            failures = 0
+            ended = _trainer_ended(cfg, *tc.summarize_status(states))
+            if ended is not None:
+                return ended
+        if clock() - start >= cfg.wait_timeout:
+            return lc.fail(f"{cfg.name}: training still running after "
+                           f"{cfg.wait_timeout:g} s (--wait_timeout); it "
+                           "goes on, see the status and logs steps",
+                           console.TIMED_OUT)
+        sleep(cfg.poll_seconds)
+
+
+def _trainer_ended(cfg: tc.TpuConfig, state: str, code: int) -> int | None:
+    """The wait's exit status once the trainer is no longer running, else None."""
+    if state == "exited":
+        print(f"training on {cfg.name} finished with exit status "
+              f"{code}{tc.exit_note(code)}", file=sys.stderr)
+        return code
+    if state == "stopped":
+        return lc.fail(f"{cfg.name}: the trainer stopped without an "
+                       "exit status (killed, or the host restarted);"
+                       " see the logs step", console.FAILURE)
+    if state == "not started":
+        return lc.fail(f"{cfg.name}: no trainer was started there "
+                       f"({tc.REMOTE_DIR}/train.pid is missing)", console.FAILURE)
+    return None
+
+
+def show_status(cloud: Cloud) -> int:
+    """``status``: one line per host; 0 while training runs or after it
+    succeeded, else the trainer's status."""
+    rc, output, _ = cloud.status()
+    sys.stdout.write(output)
+    if rc != 0:
+        return rc
+    code = tc.summarize_status(tc.parse_status(output))[1]
+    if tc.exit_note(code):
+        print(f"{cloud.cfg.name}: exit status {code}{tc.exit_note(code)}", file=sys.stderr)
+    return code
+
+
+def setup(cloud: Cloud) -> int:
+    cloud.build_wheel()
+    return cloud.install()[0]
+
+
+def train(cloud: Cloud) -> int:
+    compare_manifest(cloud)
+    return cloud.start_trainer()[0]
+
+
+STEP_ACTIONS: dict[str, Callable[[Cloud], int]] = {
+    "create": lambda cloud: cloud.create()[0],
+    "setup": setup,
+    "train": train,
+    "wait": wait_for_trainer,
+    "status": show_status,
+    "logs": lambda cloud: cloud.logs()[0],
+    "delete": lambda cloud: cloud.delete()[0],
+}
+
+
+def run_step(name: str, cloud: Cloud) -> int:
+    """One step (`STEP_ACTIONS`); its exit status."""
+    return STEP_ACTIONS[name](cloud)
