@@ -112,10 +112,26 @@ class RunCheckpoints:
             return
         total, squares = self.share([step, step ** 2])
         if self.replicas * squares != total ** 2:
+            self._wait_for_peers()
             raise TrainerError(
                 f"{self.restore_dir}: the workers would resume at different steps (this one "
                 f"at {step}); every worker must read the chief's "
                 "--model_dir (shared storage, such as gs://)")
+
+    def _wait_for_peers(self) -> None:
+        """A second all-reduce before this worker leaves on a mismatch.
+
+        It completes only once every worker has finished the first (each
+        gives its part of the second after the first), so no worker loses
+        the first one's sums to a peer that already left ("Socket closed")
+        and each reports the mismatch itself. A peer leaving during the
+        second changes nothing: every worker holds the sums by then.
+        """
+        try:
+            self.share([0, 0])
+        except (tf.errors.UnavailableError, tf.errors.AbortedError,
+                tf.errors.CancelledError):
+            pass
 
     def record_epoch(self, train_logs, result: dict) -> None:
         """Adds an epoch's train and test loss and accuracy to the history."""
