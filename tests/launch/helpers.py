@@ -119,6 +119,14 @@ def wait_with(host: FakeHost, *extra: str) -> int:
 RUNNING = (0, status_line("running pid=12") + "\n")
 
 
+def release_trainer(tmp_path: Path, status: int) -> None:
+    """Lets `host_env`'s trainer exit with ``status``: the file appears
+    whole (renamed into place), never empty to a trainer polling for it."""
+    partial = tmp_path / "release.partial"
+    partial.write_text(str(status))
+    partial.rename(tmp_path / "release")
+
+
 def host_env(tmp_path: Path) -> dict[str, str]:
     """A stand-in TPU host: HOME in tmp_path, a python3 that plays trainer.
 

@@ -29,7 +29,7 @@ from launch.tpu import commands as tc
 from mnist_common import console
 from tests.helpers import REPO
 from tests.launch.helpers import (PYPROJECT, RUNNING, TPU_ARGS, WHEEL, FakeHost,
-                                  clean_env, fake_program, flag_values, host_env,
+                                  clean_env, fake_program, flag_values, host_env, release_trainer,
                                   remote_state, run_remote, run_script, status_line, tpu_plan,
                                   wait_remote_exit, wait_with)
 
@@ -233,7 +233,7 @@ def test_train_script_detaches_and_survives_a_hangup(tmp_path):
     assert f"a trainer is already running, pid {pid}" in again.stderr
     assert int((run_dir / "train.pid").read_text()) == pid
 
-    (tmp_path / "release").write_text("3")
+    release_trainer(tmp_path, 3)
     assert wait_remote_exit(env) == ("exited", 3)
     assert (run_dir / "train.exit").read_text() == "3\n"
     assert (tmp_path / "trainer.args").read_text().splitlines() == \
@@ -242,7 +242,7 @@ def test_train_script_detaches_and_survives_a_hangup(tmp_path):
         "trainer says hello", "to stderr"]
 
     # Starting again keeps the previous log and clears the old status.
-    (tmp_path / "release").write_text("0")
+    release_trainer(tmp_path, 0)
     restart = run_remote(tc.train_script(cfg), env)
     assert restart.returncode == 0, restart.stderr
     assert (run_dir / "train.log.prev").read_text().startswith("trainer says")
