@@ -3,6 +3,7 @@ one that refuses every request), subprocess results, mounts for real disk faults
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import http.server
 import json
@@ -186,6 +187,29 @@ def run_results_script(script: str, tmp, timeout: int) -> tuple[dict, str]:
     lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULTS ")]
     assert proc.returncode == 0 and lines, proc.stdout[-3000:] + proc.stderr[-5000:]
     return json.loads(lines[-1][len("RESULTS "):]), proc.stdout
+
+
+@contextlib.contextmanager
+def read_only(folder: Path):
+    """``folder`` refusing writes inside the block: mode 555, and for root,
+    whom modes do not stop, a read-only bind mount of it on itself (skips
+    the test where mounting is not permitted)."""
+    folder.chmod(0o555)
+    try:
+        if os.geteuid() != 0:
+            yield folder
+            return
+        mount("--bind", str(folder), str(folder))
+        try:
+            result = subprocess.run(["mount", "-o", "remount,bind,ro", str(folder)],
+                                    capture_output=True, text=True)
+            if result.returncode != 0:
+                pytest.skip(f"read-only remount not permitted: {result.stderr.strip()}")
+            yield folder
+        finally:
+            subprocess.run(["umount", "-l", str(folder)], check=False)
+    finally:
+        folder.chmod(0o755)
 
 
 def mount(*args):

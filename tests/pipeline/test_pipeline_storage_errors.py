@@ -16,7 +16,7 @@ from mnist_common import storage_lock
 from pipeline import storage
 from pipeline.__main__ import main
 from pipeline.verify import verify
-from tests.helpers import REPO, mount, run_job
+from tests.helpers import REPO, mount, read_only, run_job
 
 
 @pytest.fixture
@@ -80,14 +80,8 @@ def read_only_output(tmp_path, idx_dir):
     (out / ".incomplete-deadrun" / "spill").mkdir(parents=True)
     (out / ".incomplete-deadrun" / "spill" / "x").write_bytes(b"12345")
     before = {p.name for p in out.iterdir()}
-    mount("--bind", str(out), str(out))
-    result = subprocess.run(["mount", "-o", "remount,bind,ro", str(out)],
-                            capture_output=True, text=True)
-    if result.returncode != 0:
-        subprocess.run(["umount", "-l", str(out)], check=False)
-        pytest.skip(f"read-only remount not permitted: {result.stderr.strip()}")
-    yield out, before
-    subprocess.run(["umount", "-l", str(out)], check=False)
+    with read_only(out):
+        yield out, before
 
 
 def test_read_only_output_with_a_stale_temp_folder(read_only_output, idx_dir, capsys):

@@ -12,6 +12,7 @@ import os
 import pytest
 
 from launch.spot import journal as spot_journal
+from tests.helpers import read_only
 from tests.launch.fake_cloud import FakeCloud
 from tests.launch.helpers import TPU_ARGS, clean_env, run_script, write_fake_gcloud
 
@@ -96,11 +97,11 @@ def test_a_journal_that_cannot_be_written_is_refused(launch, tmp_path):
     assert cloud.calls() == []
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes in a read-only folder")
 def test_a_journal_in_a_read_only_folder_is_refused(launch, tmp_path):
     folder = tmp_path / "ro"
-    folder.mkdir(mode=0o555)
-    proc, cloud = launch(folder / "events.jsonl")
+    folder.mkdir()
+    with read_only(folder):
+        proc, cloud = launch(folder / "events.jsonl")
     assert proc.returncode == 2 and "cannot open the journal for writing" in proc.stderr
     assert cloud.calls() == []
 
