@@ -29,7 +29,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Iterable, Iterator, Mapping, Sequence
 
@@ -228,28 +227,8 @@ def raising_on_signals() -> Iterator[None]:
     for a signal the process was started ignoring, nothing changes."""
     def handle(signum, frame):
         raise Stopped(signum)
-    with _handling_signals(handle):
+    with console.on_stop_signals(handle):
         yield
-
-
-@contextlib.contextmanager
-def _handling_signals(handler) -> Iterator[None]:
-    """``handler`` for SIGINT, SIGTERM and SIGHUP inside the block, the
-    previous handlers after it; a signal the process was started ignoring
-    stays ignored, and outside the main thread (where Python takes no
-    signals) nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {s: signal.getsignal(s) for s in console.STOP_SIGNALS}
-    for s, old in previous.items():
-        if old is not signal.SIG_IGN:
-            signal.signal(s, handler)
-    try:
-        yield
-    finally:
-        for s, old in previous.items():
-            signal.signal(s, old)
 
 
 class _Child:
@@ -286,7 +265,7 @@ def _run_child(cmd: Sequence[str], cwd: Path | None, **popen) -> tuple[int, str]
     """Runs ``cmd`` with SIGTERM and SIGHUP passed on to it and SIGINT noted
     (`_Child.forward`); its exit status and captured stdout (if piped)."""
     child = _Child()
-    with _handling_signals(child.forward):
+    with console.on_stop_signals(child.forward):
         child.proc = subprocess.Popen(list(cmd), cwd=cwd, **popen)
         if child.signum:  # came before the child was there to take it
             child.forward(child.signum, None)

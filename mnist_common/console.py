@@ -74,18 +74,29 @@ def exit_on_signals(program: str, *, note: str = "") -> Iterator[None]:
         os.write(2, f"{line}{'; ' + note if note else ''}\n".encode())
         os._exit(stopped_by(signum))
 
+    with on_stop_signals(handle):
+        yield
+
+
+@contextlib.contextmanager
+def on_stop_signals(handler) -> Iterator[None]:
+    """``handler`` for SIGINT, SIGTERM and SIGHUP inside the block, the
+    previous handlers after it. A signal the process was started ignoring
+    stays ignored (``nohup`` ignores SIGHUP; a script's ``cmd &`` ignores
+    SIGINT); outside the main thread, where Python takes no signals,
+    nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
-    for s in STOP_SIGNALS:
-        if previous[s] is not signal.SIG_IGN:
-            signal.signal(s, handle)
+    for s, old in previous.items():
+        if old is not signal.SIG_IGN:
+            signal.signal(s, handler)
     try:
         yield
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        for s, old in previous.items():
+            signal.signal(s, old)
 
 _NOISE = re.compile(
     rb"WARNING: All log messages before absl::InitializeLog\(\) is called are "

@@ -40,7 +40,7 @@ from typing import Callable, Collection, Iterator, TypeVar
 from mnist_common import console
 
 T = TypeVar("T")
-SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+SIGNALS = console.STOP_SIGNALS
 # How long a stopped run's thread gets to end after its workers were told to stop.
 HALT_WAIT_S = 20.0
 # A stopped run that had worker processes starts no more after this long without one.
@@ -143,22 +143,16 @@ def handling_signals() -> Iterator[None]:
     """Inside the block the signals raise `Stopped` (see the module docstring).
 
     Outside the main thread nothing changes. A signal the process was started
-    ignoring stays ignored (``nohup`` ignores SIGHUP; a script's ``cmd &``
-    ignores SIGINT).
+    ignoring stays ignored (`mnist_common.console.on_stop_signals`).
     """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = {s: signal.getsignal(s) for s in SIGNALS}
-    for s in SIGNALS:
-        if previous[s] is not signal.SIG_IGN:
-            signal.signal(s, _handle)
     stderr, sys.stderr = sys.stderr, _QuietOtherThreads(sys.stderr)
     try:
-        yield
+        with console.on_stop_signals(_handle):
+            yield
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
         sys.stderr = stderr
         requested.clear()
         _state.update(signum=0, raised=False, deferring=0)
