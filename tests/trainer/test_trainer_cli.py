@@ -439,15 +439,17 @@ def test_ghost_batches_must_divide_each_replicas_batch():
 # Real processes: the TPU probe changes process-wide TF state, and these show
 # what a user sees (no traceback, one error line, exit status 1).
 
-@pytest.mark.parametrize("tpu,reason", [
-    pytest.param("local", "NotFoundError: TPUs not found", id="local"),
+@pytest.mark.parametrize("tpu,reason,preset", [
+    pytest.param("local", "NotFoundError: TPUs not found", [], id="local"),
+    pytest.param("local", "NotFoundError: TPUs not found", ["--preset=tpu"],
+                 id="local-tpu-preset"),
     # A fresh name each run, under a fixed test id (test collection must agree
     # between pytest-xdist workers).
-    pytest.param("no-such-tpu-" + uuid.uuid4().hex[:6], "", id="no-such-tpu")])
-def test_bad_tpu_off_a_tpu(trainer_dataset, tmp_path, tpu, reason):
+    pytest.param("no-such-tpu-" + uuid.uuid4().hex[:6], "", [], id="no-such-tpu")])
+def test_bad_tpu_off_a_tpu(trainer_dataset, tmp_path, tpu, reason, preset):
     dataset = trainer_dataset(**DATASET)
     proc = run_cli(f"--data={dataset}", f"--model_dir={tmp_path}/m", "--strategy=tpu",
-                   f"--tpu={tpu}")
+                   f"--tpu={tpu}", *preset)
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
     (line,) = error_lines(proc.stderr)
