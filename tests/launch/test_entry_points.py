@@ -30,3 +30,34 @@ def test_python_m_launch_tpu_runs_the_launcher():
     usage = subprocess.run([sys.executable, "-m", "launch.tpu", "--help"], cwd=REPO,
                            env=clean_env(), capture_output=True, text=True, timeout=120)
     assert usage.returncode == 0 and usage.stdout.startswith("usage: python -m launch.tpu ")
+
+
+def _launch(*args):
+    return subprocess.run([sys.executable, "-m", "launch", *args], cwd=REPO, env=clean_env(),
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_python_m_launch_runs_either_launcher():
+    from launch.__main__ import main
+    module, _, name = PYPROJECT["project"]["scripts"]["mnist-launch"].partition(":")
+    assert getattr(importlib.import_module(module), name) is main
+    tpu = _launch("tpu", "crate")
+    assert tpu.returncode == 2
+    assert tpu.stderr.startswith("error: argument step: invalid choice: 'crate'"), tpu.stderr
+    for name in ("tpu", "dataflow"):
+        usage = _launch(name, "--help")
+        assert usage.returncode == 0
+        assert usage.stdout.startswith(f"usage: python -m launch {name} "), usage.stdout
+    dry = _launch("dataflow", "--dry_run", "--project=p", "--region=r",
+                  "--temp_location=gs://b/tmp", "--output=gs://b/mnist")
+    assert dry.returncode == 0 and "--runner=DataflowRunner" in dry.stdout, dry.stderr
+
+
+@pytest.mark.parametrize("args, status, first", [
+    ((), 2, "usage: python -m launch {dataflow,tpu} [ARGS]"),
+    (("--help",), 0, "usage: python -m launch {dataflow,tpu} [ARGS]"),
+    (("tpus",), 2, "error: python -m launch: no launcher 'tpus' (one of: dataflow, tpu)")])
+def test_python_m_launch_names_its_launchers(args, status, first):
+    proc = _launch(*args)
+    assert proc.returncode == status
+    assert (proc.stdout or proc.stderr).splitlines()[0] == first
