@@ -207,32 +207,29 @@ class TrainConfig:
 # "smoke" is the field defaults: the small model for 3 epochs, for tests.
 # "cpu" is the demo's recipe (about 0.98 on the 1,000 sample test digits; the
 # warmup is one epoch of 4,000 digits, ~4,000 examples); its model, convnet_bn,
-# was chosen on a validation split of all of MNIST (docs/benchmarks.md).
-# "tpu" is the cpu recipe at global batch 1024 (8x cpu's 128) with LAMB, the
-# large-batch optimizer, at 2e-2 (on a validation split of MNIST, 4 seeds:
-# 0.0004 better than Adam at 2e-3 * sqrt(8) ~ 5.7e-3, with less spread; 1e-2
-# and 4e-2 did worse), a warmup of 2 epochs (96 steps on 50,000 digits: better
-# than 4 steps), dropout 0.25 (its 1,170 steps regularize less than cpu's
-# 7,800: 0.25 beat 0.4 on the same 4 seeds; cpu kept 0.4), bfloat16, 50
-# steps per call (docs/benchmarks.md). Its cache holds each host's share of
-# the train split decoded (800 bytes an example: 48 MB for 60,000 digits) and the test
-# split's padded batches as float32 images (~3.2 KB an example: 32 MB for
-# 10,000), well under 1% of any TPU VM host's memory.
+# was chosen on a validation split of all of MNIST
+# (docs/history/benchmarks-2026-12.md).
+# "tpu" is the cpu recipe as it is (its batch, its schedule per example) in
+# bfloat16 with 50 steps per call: on a validation split of MNIST no larger-
+# batch candidate reached the cpu preset's mean over the same 3 seeds
+# (docs/trainer.md, "The tpu preset"; docs/benchmarks.md, "The tpu preset's
+# search"). Its cache holds each host's share of the train split decoded (800
+# bytes an example: 48 MB for 60,000 digits) and the test split's padded
+# batches as float32 images (~3.2 KB an example: 32 MB for 10,000), well
+# under 1% of any TPU VM host's memory.
 # Both recompute batch normalization's statistics after the last step over
 # 10,000 train examples (on a validation split 25,600 did no better than 6,400;
-# docs/benchmarks.md).
+# docs/benchmarks.md, "Batch-norm recalibration").
 # "guide" is the "Use TPUs" guide's own model and settings.
+_CPU_RECIPE: Mapping[str, Any] = {
+    "model": "convnet_bn", "augment": True, "learning_rate": 2e-3, "lr_schedule": "cosine",
+    "warmup_steps": 31, "epochs": 20, "global_batch_size": 128,
+    "bn_recalibration_examples": 10_000}
 PRESETS: Mapping[str, Mapping[str, Any]] = {
     "smoke": {},
-    "cpu": {"model": "convnet_bn", "augment": True, "learning_rate": 2e-3,
-            "lr_schedule": "cosine", "warmup_steps": 31, "epochs": 20,
-            "global_batch_size": 128, "bn_recalibration_examples": 10_000},
-    "tpu": {"model": "convnet_bn", "augment": True, "optimizer": "lamb",
-            "learning_rate": 2e-2, "dropout": 0.25,
-            "lr_schedule": "cosine", "warmup_epochs": 2.0, "epochs": 20,
-            "global_batch_size": 1024, "mixed_precision": "bfloat16",
-            "steps_per_execution": 50, "cache": True,
-            "bn_recalibration_examples": 10_000},
+    "cpu": _CPU_RECIPE,
+    "tpu": {**_CPU_RECIPE, "mixed_precision": "bfloat16", "steps_per_execution": 50,
+            "cache": True},
     "guide": {"model": "guide", "global_batch_size": 1024,
               "mixed_precision": "bfloat16", "steps_per_execution": 50},
 }
