@@ -1,6 +1,6 @@
 """How modules find each other: from the repository's root, as packages.
 
-No module edits ``sys.path`` (the benchmarks run as ``python -m
+No module edits the module search path (the benchmarks run as ``python -m
 benchmarks.NAME``, the tests through pytest's ``pythonpath``), and no test
 module imports another: what tests share lives in helper modules
 (tests/helpers.py, tests/trainer_data.py, tests/<part>/*helpers*.py, ...).
