@@ -52,6 +52,11 @@ CANDIDATES: dict[str, list[str]] = {
                          warmup_epochs=1.0, dropout=0.4),
     # The tpu preset as it is, bfloat16 included: the check of the choice.
     "tpu": ["--preset=tpu"],
+    # The two ways it differs from cpu, one at a time: bfloat16 alone (the
+    # records streamed through the shuffle buffer, as cpu reads them) and
+    # --cache alone (each epoch a full permutation, in float32).
+    "tpu-stream": ["--preset=tpu", "--cache=false"],
+    "tpu-f32": ["--preset=tpu", "--mixed_precision=none"],
 }
 
 

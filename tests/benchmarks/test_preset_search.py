@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -41,8 +42,14 @@ def test_the_reference_is_the_cpu_preset_and_the_candidates_run_in_float32():
     reference = parse_flags(base + preset_search.CANDIDATES["cpu"])
     assert reference == parse_flags(base + ["--preset=cpu"])
     for name, flags in preset_search.CANDIDATES.items():
-        if name not in ("cpu", "tpu"):
+        if not name.startswith(("cpu", "tpu")):
             assert parse_flags(base + flags).mixed_precision == "none", name
-    assert parse_flags(base + preset_search.CANDIDATES["tpu"]).preset == "tpu"
+    tpu = parse_flags(base + preset_search.CANDIDATES["tpu"])
+    assert tpu.preset == "tpu"
+    # The two runs that separate the preset's differences from cpu.
+    stream = parse_flags(base + preset_search.CANDIDATES["tpu-stream"])
+    assert stream == dataclasses.replace(tpu, cache=False)
+    f32 = parse_flags(base + preset_search.CANDIDATES["tpu-f32"])
+    assert f32 == dataclasses.replace(tpu, mixed_precision="none")
     with pytest.raises(SystemExit):
         preset_search.parse_args(["d", "log", "--only=cpu,nope"])
