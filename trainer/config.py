@@ -336,8 +336,8 @@ def flag_parser(parser_class: type = OneLineParser) -> argparse.ArgumentParser:
                "(on a pod: global batch / hosts).")
     p.add_argument("--preset", choices=PRESET_CHOICES, default=DEFAULT_PRESET,
                    help="named defaults applied before the flags: auto (tpu on a TPU, "
-                        "else cpu), cpu (the CPU recipe), tpu (the same recipe at "
-                        "batch 1024), guide (the TPU guide's settings), smoke (the "
+                        "else cpu), cpu (the CPU recipe), tpu (the same recipe in "
+                        "bfloat16, for a TPU), guide (the TPU guide's settings), smoke (the "
                         "defaults shown; a quick run for tests) (default: auto)")
     hints = typing.get_type_hints(TrainConfig)
     for f in dataclasses.fields(TrainConfig):

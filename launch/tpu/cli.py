@@ -38,9 +38,9 @@ run     a spot run from start to result: create (``--queued``: a queued
         again and resume, until the trainer exits (launch/spot/runner.py;
         docs/launch.md, "Spot runs").
 
-``--preset=tpu`` (the trainer's TPU recipe: the CPU recipe's convnet,
-augmentation and schedule at global batch 1024, bfloat16, 50 steps per
-execution, records cached) comes first, so trainer arguments given
+``--preset=tpu`` (the trainer's TPU recipe: the CPU recipe, its convnet,
+augmentation, batch 128 and schedule, in bfloat16 with 50 steps per
+execution and the train split held in memory) comes first, so trainer arguments given
 here override its values; a ``--preset`` given here replaces it. The
 trainer's own parser checks them here first: a flag it refuses ends the
 launch with one line before any VM exists.
