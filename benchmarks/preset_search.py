@@ -22,8 +22,9 @@ replicas each normalizes an eighth. Emulating that here, with ghost
 batches (``--bn_virtual_batch_size``) or 8 logical devices, took 128–205
 and 171 ms a step against the reference's 56–101 (2026-12-06, this
 machine, other work beside each), too long for the search's budget of
-about 3 hours. The last entry, ``tpu``, is the chosen preset run as it
-is, in bfloat16 (this CPU has AVX512_BF16).
+about 3 hours. The entry ``tpu`` is the chosen preset run as it is, in
+bfloat16 (this CPU has AVX512_BF16); the two after it remove one of its
+differences from ``cpu`` each.
 """
 
 from __future__ import annotations
