@@ -47,14 +47,16 @@ ABORT = ("2026-12-01 09:19:22.682455: F external/local_xla/xla/stream_executor/"
 
 # The trainer tests run on the host's TensorFlow, and the behaviour each one
 # needs: what a TPU run does (loops, replicas, bfloat16, resume, export).
-# The trainer tests of both loops, two replicas, bfloat16 and the tpu preset,
-# the optimizers, resume, export and predict, and malloc's thresholds under
-# two replicas; tests marked ``tf221`` need the CPU build.
+# The trainer tests of both loops (and their steps per call), two replicas,
+# bfloat16 and the tpu preset, the optimizers, resume, export and predict,
+# and malloc's thresholds under two replicas; tests marked ``tf221`` need
+# the CPU build.
 STACK_TESTS = ["tests/trainer/test_trainer_distributed.py",
                "tests/trainer/test_trainer_optimizer.py",
                "tests/trainer/test_trainer_export.py",
                "tests/trainer/test_trainer_cli.py",
                "tests/trainer/test_trainer_loops.py",
+               "tests/trainer/test_trainer_steps_per_call.py",
                "tests/trainer/test_trainer_model.py",
                "tests/trainer/test_trainer_strategy.py",
                "tests/trainer/test_trainer_imports.py",
