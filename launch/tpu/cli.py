@@ -40,10 +40,10 @@ run     a spot run from start to result: create (``--queued``: a queued
 
 ``--preset=tpu`` (the trainer's TPU recipe: the CPU recipe, its convnet,
 augmentation, batch 128 and schedule, in bfloat16 with 50 steps per
-execution and the train split held in memory) comes first, so trainer arguments given
-here override its values; a ``--preset`` given here replaces it. The
-trainer's own parser checks them here first: a flag it refuses ends the
-launch with one line before any VM exists.
+execution and the train split held in memory) comes first, so trainer
+arguments given here override its values; a ``--preset`` given here
+replaces it. The trainer's own parser checks them here first: a flag it
+refuses ends the launch with one line before any VM exists.
 
 TensorFlow on the TPU VM. The project pins tensorflow==2.21.0, but that wheel
 is built without TPU support: only the separate ``tensorflow-tpu`` wheel is
