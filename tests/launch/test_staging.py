@@ -192,13 +192,17 @@ def test_an_installed_launcher_stages_the_wheel_it_was_installed_from(installed,
 
 
 @pytest.mark.slow
-def test_a_checkouts_script_runs_the_checkout_beside_an_installed_copy(installed):
+def test_a_checkouts_script_says_what_it_stages_beside_an_installed_copy(installed):
     """``python scripts/launch_dataflow.py`` with an interpreter that has a
-    plain copy installed stages the checkout the script is in."""
-    tmp, venv, _, _, env = installed
-    proc = subprocess.run([str(venv / "bin" / "python"), str(REPO / "scripts" /
-                                                             "launch_dataflow.py"),
-                           *DF_ARGS, "--dry_run"], cwd=tmp / "elsewhere", env=env,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert CHECKOUT_LINE in proc.stderr.splitlines()
+    plain copy installed runs that copy (no module edits sys.path) and says
+    so; ``--source_dir`` names the checkout to stage instead."""
+    tmp, venv, _, site, env = installed
+    script = [str(venv / "bin" / "python"), str(REPO / "scripts" / "launch_dataflow.py"),
+              *DF_ARGS, "--dry_run"]
+    for extra, line in [([], f"staging: mnist-tpu 0.1.0 as installed in {site} (its files, "
+                            "packed into a wheel)"),
+                        ([f"--source_dir={REPO}"], CHECKOUT_LINE)]:
+        proc = subprocess.run(script + extra, cwd=tmp / "elsewhere", env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert line in proc.stderr.splitlines()
