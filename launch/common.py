@@ -29,11 +29,15 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping, Sequence
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 from mnist_common import console
 
+# The folder that holds the `launch` package: a checkout's root (with its
+# pyproject.toml), or the site-packages folder of an installed copy
+# (`launch.staging` tells which).
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = REPO_ROOT / "pyproject.toml"
 
@@ -147,10 +151,8 @@ def wheel_build_command(python: str, source_dir: Path | str,
 
 def stage_sources(dest: Path, pyproject: Mapping,
                   repo_root: Path = REPO_ROOT) -> Path:
-    """Copy what the wheel is built from into an empty ``dest``."""
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
+    """Copy what the wheel is built from into ``dest``, an empty folder the
+    caller just made (`build_in_staging`): nothing is deleted here."""
     shutil.copy2(repo_root / "pyproject.toml", dest / "pyproject.toml")
     readme = pyproject.get("project", {}).get("readme")
     if isinstance(readme, str) and (repo_root / readme).is_file():
@@ -165,18 +167,40 @@ def stage_sources(dest: Path, pyproject: Mapping,
     return dest
 
 
-def prepare_wheel_build(dist_dir: Path, pyproject: Mapping,
-                        repo_root: Path = REPO_ROOT) -> Path:
-    """Remove an old wheel and stage the sources; return the wheel's path.
+# The staging folder a planned build names: `build_in_staging` makes it with
+# tempfile.mkdtemp (this prefix and 8 random characters) when the build runs.
+STAGING_PREFIX = "src-"
+STAGING_PLACEHOLDER = STAGING_PREFIX + "XXXXXXXX"
 
-    What ``wheel_build_command(python, dist_dir / "src", dist_dir)`` needs
-    in place before it runs.
+
+def planned_build_command(python: str, dist_dir: Path, build_isolation: bool) -> Command:
+    """The ``pip wheel`` of a checkout as planned (and printed by ``--dry_run``):
+    its source, the last argument, is the staging folder made when it runs."""
+    return wheel_build_command(python, dist_dir / STAGING_PLACEHOLDER, dist_dir,
+                               build_isolation)
+
+
+def build_in_staging(build: Command, dist_dir: Path, pyproject: Mapping,
+                     repo_root: Path = REPO_ROOT,
+                     run: Callable[[Command], int] | None = None) -> Path:
+    """Runs the planned ``build`` on a clean copy of ``repo_root``; the wheel.
+
+    The copy goes to a folder of the launch's own, made by mkdtemp inside
+    ``dist_dir`` and removed after the build: nothing else in ``dist_dir``
+    (a ``src`` folder of the user's) is touched but the wheel's own name.
     """
-    name, version = project_name_version(pyproject)
-    wheel = dist_dir / wheel_filename(name, version)
-    if wheel.exists():
+    run = run or run_command
+    wheel = dist_dir / wheel_filename(*project_name_version(pyproject))
+    dist_dir.mkdir(parents=True, exist_ok=True)
+    if wheel.is_file() or wheel.is_symlink():
         wheel.unlink()
-    stage_sources(dist_dir / "src", pyproject, repo_root)
+    staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=dist_dir))
+    try:
+        stage_sources(staging, pyproject, repo_root)
+        rc = run([*build[:-1], str(staging)])
+    finally:
+        shutil.rmtree(staging)  # made above by mkdtemp, this launch's own
+    check_wheel_build(rc, wheel)
     return wheel
 
 
@@ -189,12 +213,10 @@ def check_wheel_build(rc: int, wheel: Path) -> None:
 
 def build_wheel(python: str, dist_dir: Path, build_isolation: bool,
                 pyproject: Mapping, repo_root: Path = REPO_ROOT) -> Path:
-    """Build the project wheel into ``dist_dir`` and return its path."""
-    wheel = prepare_wheel_build(dist_dir, pyproject, repo_root)
-    rc = run_command(wheel_build_command(python, dist_dir / "src", dist_dir,
-                                         build_isolation))
-    check_wheel_build(rc, wheel)
-    return wheel
+    """Build the project wheel of the checkout ``repo_root`` into ``dist_dir``
+    and return its path."""
+    return build_in_staging(planned_build_command(python, dist_dir, build_isolation),
+                            dist_dir, pyproject, repo_root)
 
 
 def first_setting(*values: str | None) -> str | None:

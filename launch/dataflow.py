@@ -5,8 +5,11 @@
 
 What it runs, in order:
 
-1. ``python -m pip wheel --no-deps`` on a clean copy of this project, giving a
-   pure-Python wheel with the ``pipeline`` and ``trainer`` packages.
+1. ``python -m pip wheel --no-deps`` on a clean copy of this checkout, giving a
+   pure-Python wheel with the ``pipeline`` and ``trainer`` packages (installed
+   from a wheel, the launcher packs the installed files back into that wheel
+   instead, and ``--source_dir=CHECKOUT`` builds another checkout:
+   `launch.staging`; one line on stderr says which).
 2. ``python -m pipeline --runner=DataflowRunner ... --extra_package=WHEEL
    --requirements_file=REQS --requirements_cache=skip`` from the repository
    root.
@@ -56,6 +59,7 @@ from typing import Mapping, Sequence
 
 
 from launch import common as lc
+from launch import staging as wheels
 
 from mnist_common import console
 from mnist_common.flags import OneLineParser
@@ -82,6 +86,7 @@ class DataflowConfig:
     python: str = sys.executable
     dist_dir: Path = DEFAULT_DIST_DIR
     build_isolation: bool = True
+    wheel_source: wheels.Source = dataclasses.field(default_factory=wheels.find_source)
     source: str | None = None
     target_shard_mb: float | None = None
     num_workers: int | None = None
@@ -127,8 +132,14 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--service_account_email")
     parser.add_argument("--python", default=sys.executable,
                         help="interpreter with apache-beam[gcp] installed")
-    parser.add_argument("--dist_dir", type=Path, default=DEFAULT_DIST_DIR,
-                        help="where the wheel and requirements file go")
+    parser.add_argument("--dist_dir", type=Path,
+                        help="where the wheel and requirements file go (default: "
+                             "the checkout's dist/dataflow; installed: "
+                             "~/.cache/mnist-tpu/dist/dataflow)")
+    parser.add_argument("--source_dir", type=Path,
+                        help="a checkout of the project to build the wheel from "
+                             "(default: the checkout this launcher is in, else the "
+                             "installed distribution it is part of)")
     parser.add_argument("--no_build_isolation", action="store_true",
                         help="build the wheel with the installed setuptools "
                              "(offline machines)")
@@ -196,11 +207,14 @@ def resolve_config(args: argparse.Namespace, pipeline_args: Sequence[str],
             f"--job_name {job_name!r} must be lowercase letters, digits and "
             "hyphens, starting with a letter")
     _check_job_flags(args, pipeline_args)
+    source = wheels.find_source(args.source_dir)
+    dist_dir = args.dist_dir or source.dist_dir("dataflow")
     return DataflowConfig(
         project=project, region=region, temp_location=temp,
         staging_location=staging, output=output, job_name=job_name,
-        python=args.python, dist_dir=Path(args.dist_dir).resolve(),
-        build_isolation=not args.no_build_isolation, source=args.source,
+        python=args.python, dist_dir=Path(dist_dir).resolve(),
+        build_isolation=not args.no_build_isolation, wheel_source=source,
+        source=args.source,
         target_shard_mb=args.target_shard_mb, num_workers=args.num_workers,
         max_num_workers=args.max_num_workers, machine_type=args.machine_type,
         experiments=list(args.experiments),
@@ -223,9 +237,10 @@ def requirements_path(cfg: DataflowConfig) -> Path:
     return cfg.dist_dir / REQUIREMENTS_NAME
 
 
-def build_command(cfg: DataflowConfig) -> lc.Command:
-    return lc.wheel_build_command(cfg.python, cfg.dist_dir / "src",
-                                  cfg.dist_dir, cfg.build_isolation)
+def build_commands(cfg: DataflowConfig) -> list[lc.Command]:
+    """``pip wheel`` of a checkout; none for an installed copy (`launch.staging`)."""
+    return wheels.build_commands(cfg.wheel_source, cfg.python, cfg.dist_dir,
+                                  cfg.build_isolation)
 
 
 def pipeline_command(cfg: DataflowConfig, pyproject: Mapping) -> lc.Command:
@@ -262,12 +277,13 @@ def pipeline_command(cfg: DataflowConfig, pyproject: Mapping) -> lc.Command:
 
 
 def plan(cfg: DataflowConfig, pyproject: Mapping) -> list[lc.Command]:
-    """Every command a real run executes, in order (cwd: the repository)."""
-    return [build_command(cfg), pipeline_command(cfg, pyproject)]
+    """Every command a real run executes, in order (cwd: the folder that
+    holds the `launch` package, `launch.common.REPO_ROOT`)."""
+    return [*build_commands(cfg), pipeline_command(cfg, pyproject)]
 
 
 def execute(cfg: DataflowConfig, pyproject: Mapping) -> int:
-    lc.build_wheel(cfg.python, cfg.dist_dir, cfg.build_isolation, pyproject)
+    wheels.make_wheel(cfg.wheel_source, cfg.dist_dir, pyproject, build_commands(cfg))
     if not cfg.sdk_container_image:
         requirements_path(cfg).write_text(
             "\n".join(worker_requirements(pyproject)) + "\n")
@@ -284,8 +300,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             args, rest = parse_args(sys.argv[1:] if argv is None else argv)
             cfg = resolve_config(args, rest)
-            pyproject = lc.load_pyproject()
+            pyproject = cfg.wheel_source.project()
             if args.dry_run:
+                print(cfg.wheel_source.line(pyproject), file=sys.stderr)
                 print(lc.format_commands([["cd", str(lc.REPO_ROOT)]]
                                          + plan(cfg, pyproject)))
                 return console.OK

@@ -10,7 +10,7 @@ up, so a failed run does not leave a TPU billing:
 
 create  ``gcloud compute tpus tpu-vm create NAME --zone --accelerator-type
         --version``.
-setup   builds this project's wheel here, copies it to every host
+setup   makes this project's wheel here (`launch.staging`), copies it to every host
         (``tpu-vm scp --worker=all``) and installs on every host
         (``tpu-vm ssh --worker=all``): TensorFlow for TPU, the tf-keras that
         matches it, then the wheel with ``--no-deps``, then an import check.
@@ -91,9 +91,10 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from launch import common as lc
+from launch import staging
 from launch.spot import runner as spot_runner
 from launch.tpu.cloud import Cloud, compare_manifest, run_step
-from launch.tpu.commands import (DEFAULT_DIST_DIR, DEFAULT_LIBTPU, DEFAULT_TENSORFLOW,
+from launch.tpu.commands import (DEFAULT_LIBTPU, DEFAULT_TENSORFLOW,
                                  PREINSTALLED, TpuConfig, check_trainer_args, phases, plan)
 from launch.tpu.topology import default_runtime_version, is_multi_host
 from mnist_common import console
@@ -163,7 +164,13 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     common.add_argument("--gcloud", default="gcloud")
     common.add_argument("--python", default=sys.executable,
                         help="interpreter that builds the wheel here")
-    common.add_argument("--dist_dir", type=Path, default=DEFAULT_DIST_DIR)
+    common.add_argument("--dist_dir", type=Path,
+                        help="where the wheel goes (default: the checkout's "
+                             "dist/tpu_vm; installed: ~/.cache/mnist-tpu/dist/tpu_vm)")
+    common.add_argument("--source_dir", type=Path,
+                        help="a checkout of the project to build the wheel from "
+                             "(default: the checkout this launcher is in, else the "
+                             "installed distribution it is part of)")
     common.add_argument("--no_build_isolation", action="store_true")
     common.add_argument("--dry_run", action="store_true",
                         help="print the commands a run executes, and exit")
@@ -231,7 +238,7 @@ def _check_step_flags(args: argparse.Namespace, steps: Sequence[str],
 def _vm_settings(args: argparse.Namespace, trainer_args: Sequence[str],
                  environ: Mapping[str, str] | None) -> dict:
     """The settings every step needs: the VM's name, zone and project, and
-    the launcher's own options."""
+    the launcher's own options, the project it stages among them."""
     name = lc.first_setting(args.name, lc.env("TPU_NAME", environ=environ))
     if not name:
         raise lc.ConfigError("--name is required (or set TPU_NAME)")
@@ -239,6 +246,7 @@ def _vm_settings(args: argparse.Namespace, trainer_args: Sequence[str],
         "TPU_ZONE", "CLOUDSDK_COMPUTE_ZONE", environ=environ))
     if not zone:
         raise lc.ConfigError("--zone is required (or set TPU_ZONE)")
+    source = staging.find_source(args.source_dir)
     return dict(
         name=name, zone=zone,
         project=lc.first_setting(args.project, lc.env(
@@ -251,8 +259,8 @@ def _vm_settings(args: argparse.Namespace, trainer_args: Sequence[str],
         poll_seconds=args.poll_seconds, wait_timeout=args.wait_timeout,
         lines=args.lines, follow=args.follow,
         gcloud=args.gcloud, python=args.python,
-        dist_dir=Path(args.dist_dir).resolve(),
-        build_isolation=not args.no_build_isolation)
+        dist_dir=Path(args.dist_dir or source.dist_dir("tpu_vm")).resolve(),
+        build_isolation=not args.no_build_isolation, wheel_source=source)
 
 
 def _software_settings(args: argparse.Namespace,
@@ -372,9 +380,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _main(args: argparse.Namespace, rest: list[str]) -> int:
     cfg = resolve_config(args, rest)
-    pyproject = lc.load_pyproject()
+    pyproject = cfg.wheel_source.project()
     if not args.dry_run:
         return execute(args.step, cfg, pyproject)
+    if args.step in ("setup", "all", "run"):
+        print(cfg.wheel_source.line(pyproject), file=sys.stderr)
     print(lc.format_commands(plan(args.step, cfg, pyproject)))
     if args.step in ("all", "wait"):
         print(f"# the status command repeats every "

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from launch import common as lc
+from launch import staging
 from launch.spot import decide as sd
 from launch.tpu import commands as tc
 from launch.tpu.topology import slice_hosts
@@ -128,16 +129,19 @@ class Cloud:
     def build_wheel(self) -> None:
         """The project wheel, built here (once for every VM of a run);
         `lc.RunFailure` when it does not build."""
-        build = self.planned["setup"][0]
-        wheel = lc.prepare_wheel_build(self.cfg.dist_dir, self.pyproject)
-        rc, _, err = self.run(build)
+        builds = self.planned["setup"][:len(tc.build_commands(self.cfg))]
+        staging.make_wheel(self.cfg.wheel_source, self.cfg.dist_dir, self.pyproject,
+                           builds, self._build)
+
+    def _build(self, cmd: lc.Command) -> int:
+        rc, _, err = self.run(cmd)
         if rc != 0 and not self.shows_output:
             print(err[-2000:], file=sys.stderr)
-        lc.check_wheel_build(rc, wheel)
+        return rc
 
     def install(self) -> Result:
         """Copies the wheel to every host and installs it; the first failure."""
-        return self._in_turn(self.planned["setup"][1:])
+        return self._in_turn(self.planned["setup"][len(tc.build_commands(self.cfg)):])
 
     def _in_turn(self, commands: Sequence[lc.Command]) -> Result:
         """Runs ``commands`` until one fails; the last result."""

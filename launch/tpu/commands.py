@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from launch import common as lc
+from launch import staging
 
 from mnist_common import console
 from mnist_common.storage_lock import DEAD_HOSTS_ENV
@@ -86,6 +87,8 @@ class TpuConfig:
     python: str = sys.executable
     dist_dir: Path = DEFAULT_DIST_DIR
     build_isolation: bool = True
+    # Where the wheel ``setup`` copies comes from (`launch.staging`).
+    wheel_source: staging.Source = dataclasses.field(default_factory=staging.find_source)
     # ``run`` only (launch/spot/runner.py).
     max_recoveries: int = 5
     keep: bool = False
@@ -215,11 +218,17 @@ def install_script(cfg: TpuConfig, pyproject: Mapping) -> str:
     return "; ".join(steps)
 
 
+def build_commands(cfg: TpuConfig) -> list[lc.Command]:
+    """``pip wheel`` of a checkout; none for an installed copy (`launch.staging`)."""
+    return staging.build_commands(cfg.wheel_source, cfg.python, cfg.dist_dir,
+                                  cfg.build_isolation)
+
+
 def setup_commands(cfg: TpuConfig, pyproject: Mapping) -> list[lc.Command]:
+    """The wheel's build (`build_commands`), its copy to every host, the install."""
     wheel = cfg.dist_dir / wheel_name(pyproject)
     return [
-        lc.wheel_build_command(cfg.python, cfg.dist_dir / "src", cfg.dist_dir,
-                               cfg.build_isolation),
+        *build_commands(cfg),
         _gcloud(cfg, "scp", str(wheel), f"{cfg.name}:", "--worker=all"),
         _gcloud(cfg, "ssh", cfg.name, "--worker=all",
                 f"--command={install_script(cfg, pyproject)}"),

@@ -10,6 +10,7 @@ lists from the `launch` package's modules.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import stat
 import subprocess
@@ -17,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from launch import common as lc
 from launch.tpu import cli as lt
 from launch.tpu import cloud as tpu_cloud
 from launch.tpu import commands as tc
@@ -61,6 +63,13 @@ def write_fake_gcloud(bin_dir: Path) -> Path:
     gcloud.write_text(f'#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} {FAKE_GCLOUD} "$@"\n')
     gcloud.chmod(0o755)
     return gcloud
+
+
+def as_planned(text: str) -> str:
+    """``text`` with the wheel build's staging folder (named by mkdtemp when
+    the build runs) as ``--dry_run`` prints it (`lc.STAGING_PLACEHOLDER`)."""
+    return re.sub(rf"/{lc.STAGING_PREFIX}[a-z0-9_]{{8}}(?=[\s']|$)",
+                  f"/{lc.STAGING_PLACEHOLDER}", text, flags=re.MULTILINE)
 
 
 def fake_program(path: Path, body: str) -> Path:

@@ -169,9 +169,20 @@ def test_wheel_is_built_from_a_clean_copy(tmp_path):
     with zipfile.ZipFile(wheel) as zf:
         files = {n for n in zf.namelist() if not n.startswith("demo_pkg-")}
     assert files == {"pkg/__init__.py"}
-    staged = tmp_path / "dist" / "src"
-    assert (staged / "pkg" / "__init__.py").is_file()
-    assert not list(staged.rglob("__pycache__"))
+    # The clean copy was a staging folder of the build's own, gone with it.
+    assert [p.name for p in (tmp_path / "dist").iterdir()] == [wheel.name]
+
+
+def test_dist_dir_keeps_what_the_launcher_did_not_make(tmp_path):
+    """--dist_dir=DIR: a DIR/src of the user's, and anything else there, stays
+    as it was; the build stages in a folder of its own that it removes."""
+    dist = tmp_path / "home"
+    (dist / "src" / "myproject").mkdir(parents=True)
+    (dist / "src" / "myproject" / "main.c").write_text("int main;\n")
+    (dist / "notes.txt").write_text("mine\n")
+    wheel = lc.build_wheel(sys.executable, dist, False, PYPROJECT)
+    assert (dist / "src" / "myproject" / "main.c").read_text() == "int main;\n"
+    assert sorted(p.name for p in dist.iterdir()) == sorted(["src", "notes.txt", wheel.name])
 
 
 def test_worker_requirements_are_the_pipeline_extra_without_beam():
