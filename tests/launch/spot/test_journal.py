@@ -14,10 +14,11 @@ import pytest
 from launch.spot import journal as spot_journal
 from tests.helpers import read_only
 from tests.launch.fake_cloud import FakeCloud
-from tests.launch.helpers import TPU_ARGS, clean_env, run_script, write_fake_gcloud
+from tests.launch.helpers import RUN_ID, TPU_ARGS, clean_env, run_script, write_fake_gcloud
 
 RUN = {"name": "mnist-tpu", "zone": "us-central2-b", "project": None,
-       "accelerator_type": "v4-8", "model_dir": "gs://bkt/runs/1", "queued": False}
+       "accelerator_type": "v4-8", "model_dir": "gs://bkt/runs/1", "queued": False,
+       "run_id": RUN_ID}
 
 
 @pytest.fixture
