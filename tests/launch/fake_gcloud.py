@@ -207,7 +207,8 @@ def queued(cloud: FakeCloud, verb: str, args: list[str]) -> int:
             shutil.rmtree(folder)
             return 0
         state = (folder / "state").read_text().strip()
-        labels = json.loads((folder / "labels.json").read_text())
+        labels_file = folder / "labels.json"  # none: a resource made without labels
+        labels = json.loads(labels_file.read_text()) if labels_file.exists() else {}
         if state == "WAITING_FOR_RESOURCES" and not cloud.take_fault("stockouts"):
             cloud.new_vm(node, labels)
             cloud.set_state(node, "READY")
