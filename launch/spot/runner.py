@@ -17,7 +17,9 @@ wait     training, or the VM is being made, or a call failed (retried with
          backoff for at most ``--retry_seconds``).
 
 There is one VM name, and a create happens only after describe said
-NOT_FOUND, so there is never a second VM of the run; every ending deletes
+NOT_FOUND, so there is never a second VM of the run; what it creates is
+labelled with the run's id, and a VM of the name without it is another's,
+left as it is (`launch.tpu.cloud.NotThisRun`, exit 2); every ending deletes
 the VM (``--keep`` keeps a READY one), Ctrl-C, SIGTERM and SIGHUP included.
 A run ends once: from the moment it ends, signals are ignored (the VM is
 being deleted), so it reports one ending and one summary.

@@ -9,7 +9,10 @@ with ``--delete_after``, delete even when training failed or the wait gave
 up, so a failed run does not leave a TPU billing:
 
 create  ``gcloud compute tpus tpu-vm create NAME --zone --accelerator-type
-        --version``.
+        --version --labels=mnist-run=RUN_ID`` (``--run_id``, else a new id,
+        printed). The steps below that reach the VM need that id
+        (``--run_id``) and describe the VM first: one that does not carry
+        it is refused (exit 2) and left as it is.
 setup   builds this project's wheel here, copies it to every host
         (``tpu-vm scp --worker=all``) and installs on every host
         (``tpu-vm ssh --worker=all``): TensorFlow for TPU, the tf-keras that
