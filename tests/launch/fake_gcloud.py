@@ -4,13 +4,13 @@ and exit statuses.
 
     compute tpus tpu-vm create|describe|delete|ssh|scp NAME ...
     compute tpus queued-resources create|describe|delete NAME ...
+    storage cat gs://BUCKET/OBJECT   (from the local GCS server,
+                                      STORAGE_EMULATOR_HOST)
 
 ``create`` keeps ``--labels=KEY=VALUE,...`` (refused, as GCE refuses them,
 unless keys and values follow its label rules); ``describe
 --format=json`` prints them as gcloud does: a VM's under ``labels``, a
 queued resource's under ``tpu.nodeSpec[0].node.labels``.
-    storage cat gs://BUCKET/OBJECT   (from the local GCS server,
-                                      STORAGE_EMULATOR_HOST)
 
 ``create`` blocks while the VM is CREATING (``FAKE_CREATE_SECONDS``), and
 ``delete`` while it is DELETING (``FAKE_DELETE_SECONDS``), as gcloud waits
