@@ -18,6 +18,8 @@ from typing import Callable, Iterable, Protocol, TextIO
 
 from launch.spot import decide as sd
 
+# Control characters as escapes: an event is one line whatever it names.
+ONE_LINE = {c: repr(chr(c))[1:-1] for c in (*range(32), 127)}
 # Events that end a run: a journal starts after the last of them.
 ENDING_EVENTS = frozenset({"finished", "failed", "gave up", "lost", "timeout",
                            "interrupted"})
@@ -28,7 +30,8 @@ class Sink(Protocol):
 
 
 class Events:
-    """Prints each event and appends it to ``journal`` (if any) as JSON. A
+    """Prints each event, its control characters escaped (one line whatever
+    a setting holds), and appends it to ``journal`` (if any) as JSON. A
     journal that can no longer be written (a full disk) is a warning, once:
     the run goes on, and a restarted launcher would miss what came after."""
 
@@ -41,7 +44,8 @@ class Events:
     def emit(self, event: str, message: str, **fields) -> None:
         now = self.clock()
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
-        print(f"{stamp} {event}: {message}", file=self.out or sys.stdout, flush=True)
+        print(f"{stamp} {event}: {message.translate(ONE_LINE)}", file=self.out or sys.stdout,
+              flush=True)
         if self.journal is None:
             return
         try:
@@ -69,7 +73,7 @@ class Standing:
     trainer has started. run: the ``started`` event's identity of the run
     (`spot_journal.identity`), and its journal line; vm_named: the first VM
     name an event of the run names, and its line. events: the run's events
-    so far (0: a run not begun).
+    so far (0: a run not begun); first_line: the line of its first.
     """
     recoveries: int = 0
     lost_noted: bool = False
@@ -89,6 +93,7 @@ class Standing:
     run_line: int = 0
     vm_named: tuple[str, int] | None = None
     events: int = 0
+    first_line: int = 0
 
     def apply(self, record: dict) -> None:
         """Replays one journal event (`spot_journal` checked its fields)."""
@@ -151,7 +156,10 @@ def replay(records: Iterable[tuple[int, dict]]) -> Standing:
         if record["event"] in ENDING_EVENTS:
             progress = Standing()
             continue
+        if record["event"] == "summary":  # the last word of the run that ended
+            continue
         progress.events += 1
+        progress.first_line = progress.first_line or line
         if record["event"] == "started" and progress.run is None:
             progress.run, progress.run_line = record.get("run"), line
         if "vm" in record and progress.vm_named is None:

@@ -9,7 +9,9 @@ last line without its newline (a write cut short by a kill), which is
 dropped with a warning. A journal whose unfinished run is another run's
 (another VM, zone, project, accelerator, model_dir or kind of resource) is
 refused too: its dead hosts would let this run's trainer take over a lock
-that is not this run's.
+that is not this run's. So is an unfinished run whose first line is not a
+``started`` line naming it in full (`NAMED`, the run id included): nothing
+would tell whose it is.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from launch.spot.events import Standing, replay
 
 # The fields `spot_events.Standing.apply` reads, and what each may hold.
 COUNTS = {"step": 0, "total": 1, "recovery": 1}
+# What a run's ``started`` line says of it (`identity`): all of it.
+NAMED = ("name", "zone", "project", "accelerator_type", "model_dir", "queued", "run_id")
 
 
 class JournalError(Exception):
@@ -39,10 +43,14 @@ class JournalError(Exception):
 
 
 def identity(cfg: tc.TpuConfig) -> dict:
-    """What makes a run the same run for its journal."""
-    return {"name": cfg.name, "zone": cfg.zone, "project": cfg.project,
-            "accelerator_type": cfg.accelerator_type, "model_dir": cfg.model_dir,
-            "queued": cfg.queued}
+    """What makes a run the same run for its journal; its run id (the mark
+    on its VM) once known."""
+    run = {"name": cfg.name, "zone": cfg.zone, "project": cfg.project,
+           "accelerator_type": cfg.accelerator_type, "model_dir": cfg.model_dir,
+           "queued": cfg.queued}
+    if cfg.run_id is not None:
+        run["run_id"] = cfg.run_id
+    return run
 
 
 def _count_problem(key: str, value) -> str | None:
@@ -129,6 +137,9 @@ class Journal:
         if not last.strip():
             return records
         number = len(whole) + 1
+        if _torn(last) and not records:
+            raise JournalError(f"{self.path}: line {number}: not a journal: no whole "
+                               "record, only the start of one (--events)")
         if _torn(last):
             print(f"warning: {self.path}: line {number}: an unfinished last line "
                   "(a write cut short by a kill), dropped", file=sys.stderr)
@@ -192,3 +203,24 @@ def _check_same_run(path: Path, standing: Standing, run: dict) -> None:
         raise JournalError(f"{path}: line {line}: the journal of another "
                            f"run, not yet ended ({'; '.join(differ)}); pass another "
                            "--events file, or end that run with its own command")
+    problem = _unnamed(standing)
+    if problem:
+        raise JournalError(f"{path}: {problem}; pass another --events file")
+
+
+def _unnamed(standing: Standing) -> str | None:
+    """Why the journal's unfinished run is not known to be anyone's, or
+    None: its first line is a ``started`` one naming the whole run."""
+    if not standing.events:
+        return None
+    if standing.run is None or standing.run_line != standing.first_line:
+        return (f'line {standing.first_line}: a run that no "started" line names '
+                "before it, so not known to be this run")
+    missing = [key for key in NAMED if key not in standing.run]
+    if missing:
+        return (f'line {standing.run_line}: "started" does not name its run '
+                f"(no {', '.join(missing)})")
+    run_id = standing.run["run_id"]
+    if not (isinstance(run_id, str) and tc.RUN_ID_RE.fullmatch(run_id)):
+        return f'line {standing.run_line}: "run_id" is {json.dumps(run_id)}, not a run id'
+    return None

@@ -17,7 +17,9 @@ wait     training, or the VM is being made, or a call failed (retried with
          backoff for at most ``--retry_seconds``).
 
 There is one VM name, and a create happens only after describe said
-NOT_FOUND, so there is never a second VM of the run; every ending deletes
+NOT_FOUND, so there is never a second VM of the run; what it creates is
+labelled with the run's id, and a VM of the name without it is another's,
+left as it is (`launch.tpu.cloud.NotThisRun`, exit 2); every ending deletes
 the VM (``--keep`` keeps a READY one), Ctrl-C, SIGTERM and SIGHUP included.
 A run ends once: from the moment it ends, signals are ignored (the VM is
 being deleted), so it reports one ending and one summary.
@@ -25,6 +27,7 @@ being deleted), so it reports one ending and one summary.
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import sys
 import threading
@@ -36,7 +39,7 @@ from launch import common as lc
 from mnist_common import console
 from launch.spot import decide as sd
 from launch.tpu import commands as tc
-from launch.tpu.cloud import Cloud, create_failure, last_line
+from launch.tpu.cloud import Cloud, NotThisRun, create_failure, last_line
 from launch.spot.events import Events, Standing
 from launch.spot.journal import Journal, JournalError, identity
 
@@ -299,6 +302,9 @@ class SpotRun(RunObserves):
             except RunError as exc:
                 return self._end(sd.Decision(sd.FAIL, exc.code, str(exc)), sd.UNKNOWN,
                                  sd.Trainer(sd.UNASKED))
+            except NotThisRun:  # left as it is: `run_spot` says so
+                self.ending = True
+                raise
             except lc.LaunchError as exc:  # the wheel did not build
                 return self._end(sd.Decision(sd.FAIL, exc.code, str(exc)), sd.UNKNOWN,
                                  sd.Trainer(sd.UNASKED))
@@ -353,7 +359,8 @@ class SpotRun(RunObserves):
         taken_up = (f"; taking up the run in {cfg.events}: {s.recoveries} "
                     f"recoveries so far" if s.events else "")
         self.events.emit("started", f"{cfg.name}: {cfg.accelerator_type} in {cfg.zone}, "
-                         f"model_dir {cfg.model_dir}{taken_up}", run=identity(cfg))
+                         f"model_dir {cfg.model_dir}, run id {cfg.run_id}{taken_up}",
+                         run=identity(cfg))
 
     # ------------------------------------------------------------ actions
 
@@ -420,20 +427,28 @@ class SpotRun(RunObserves):
             self.events.emit("training", f"{self.cfg.name}: trainer started")
 
 
-def run_spot(cfg: tc.TpuConfig, cloud: Cloud,
-             prepare: Callable[[], None] = lambda: None) -> int:
+def run_spot(cfg: tc.TpuConfig, make_cloud: Callable[[tc.TpuConfig], Cloud],
+             prepare: Callable[[Cloud], None] = lambda cloud: None) -> int:
     """``run`` with real gcloud calls. The ``--events`` journal is read,
     checked and locked before anything else (a damaged one, or one another
     launcher holds, ends the launcher in one line with nothing done); a
-    killed launcher's run is taken up from it."""
+    killed launcher's run is taken up from it, with its run id (the mark
+    on its VM): else ``--run_id``, else a new one. A VM of the name that
+    is not this run's (`NotThisRun`) ends the launcher in one line, the
+    VM left as it is."""
     journal, standing = None, Standing()
     if cfg.events is not None:
         try:
             journal, standing = Journal.open(cfg.events, identity(cfg))
         except JournalError as exc:
             return lc.fail(str(exc), exc.code)
+    run_id = (standing.run or {}).get("run_id") or cfg.run_id or tc.new_run_id()
+    cloud = make_cloud(dataclasses.replace(cfg, run_id=run_id))
     try:
-        return SpotRun(cfg, cloud, Events(journal), standing).run(prepare)
+        return SpotRun(cloud.cfg, cloud, Events(journal), standing).run(
+            lambda: prepare(cloud))
+    except NotThisRun as exc:
+        return lc.fail(str(exc), exc.code)
     finally:
         if journal is not None:
             journal.close()

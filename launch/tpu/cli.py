@@ -9,7 +9,10 @@ with ``--delete_after``, delete even when training failed or the wait gave
 up, so a failed run does not leave a TPU billing:
 
 create  ``gcloud compute tpus tpu-vm create NAME --zone --accelerator-type
-        --version``.
+        --version --labels=mnist-run=RUN_ID`` (``--run_id``, else a new id,
+        printed). The steps below that reach the VM need that id
+        (``--run_id``) and describe the VM first: one that does not carry
+        it is refused (exit 2) and left as it is.
 setup   makes this project's wheel here (`launch.staging`), copies it to every host
         (``tpu-vm scp --worker=all``) and installs on every host
         (``tpu-vm ssh --worker=all``): TensorFlow for TPU, the tf-keras that
@@ -94,6 +97,7 @@ from launch import common as lc
 from launch import staging
 from launch.spot import runner as spot_runner
 from launch.tpu.cloud import Cloud, compare_manifest, run_step
+from launch.tpu import commands as tc
 from launch.tpu.commands import (DEFAULT_LIBTPU, DEFAULT_TENSORFLOW,
                                  PREINSTALLED, TpuConfig, check_trainer_args, phases, plan)
 from launch.tpu.topology import default_runtime_version, is_multi_host
@@ -133,6 +137,10 @@ def _add_vm_flags(common: argparse.ArgumentParser) -> None:
     common.add_argument("--name", help="TPU VM name")
     common.add_argument("--zone", help="e.g. us-central2-b")
     common.add_argument("--project")
+    common.add_argument("--run_id",
+                        help="the VM's mark (label mnist-run): create and all "
+                             "make a new one unless given; the steps that reach "
+                             "an existing VM need the one it was made with")
     common.add_argument("--accelerator_type", help="e.g. v4-8, v5litepod-8")
     common.add_argument("--runtime_version",
                         help="TPU software version (default: see above)")
@@ -242,6 +250,10 @@ def _vm_settings(args: argparse.Namespace, trainer_args: Sequence[str],
     name = lc.first_setting(args.name, lc.env("TPU_NAME", environ=environ))
     if not name:
         raise lc.ConfigError("--name is required (or set TPU_NAME)")
+    if not tc.VM_NAME_RE.fullmatch(name):
+        raise lc.ConfigError(f"--name {name!r} is not a TPU VM name: a lowercase "
+                             "letter, then lowercase letters, digits or -, not "
+                             "ending in -, at most 63 characters")
     zone = lc.first_setting(args.zone, lc.env(
         "TPU_ZONE", "CLOUDSDK_COMPUTE_ZONE", environ=environ))
     if not zone:
@@ -258,9 +270,24 @@ def _vm_settings(args: argparse.Namespace, trainer_args: Sequence[str],
         trainer_args=tuple(trainer_args), delete_after=args.delete_after,
         poll_seconds=args.poll_seconds, wait_timeout=args.wait_timeout,
         lines=args.lines, follow=args.follow,
-        gcloud=args.gcloud, python=args.python,
+        run_id=_run_id(args), gcloud=args.gcloud, python=args.python,
         dist_dir=Path(args.dist_dir or source.dist_dir("tpu_vm")).resolve(),
         build_isolation=not args.no_build_isolation, wheel_source=source)
+
+
+def _run_id(args: argparse.Namespace) -> str | None:
+    """``--run_id``, a valid label value; new for ``create`` and ``all``
+    (``run`` takes its journal's, else a new one: launch/spot/runner.py);
+    required by a step that reaches an existing VM."""
+    if args.run_id is not None and not tc.RUN_ID_RE.fullmatch(args.run_id):
+        raise lc.ConfigError(f"--run_id {args.run_id!r} is not a label value: "
+                             "lowercase letters, digits, - and _, at most 63")
+    if args.run_id is None and args.step in ("create", "all"):
+        return tc.new_run_id()
+    if args.run_id is None and args.step in tc.REACHES_VM:
+        raise lc.ConfigError(f"{args.step} needs --run_id: the id create printed, "
+                             f"the VM's label {tc.MARK_KEY}")
+    return args.run_id
 
 
 def _software_settings(args: argparse.Namespace,
@@ -321,15 +348,22 @@ RUN_PLAN_NOTE = """\
 #   PREEMPTED, TERMINATED, gone, or trainer exited 143: delete, wait until
 #     gone, create again and resume (at most --max_recoveries={cfg.max_recoveries}; then exit 75)
 #   calls failing or creates refused: retried with backoff for
-#     --retry_seconds={cfg.retry_seconds:g}, then exit 255"""
+#     --retry_seconds={cfg.retry_seconds:g}, then exit 255
+#   a VM or queued resource of that name not labelled {mark}=RUN_ID: exit 2,
+#     left as it is (RUN_ID: --events's run's, else --run_id, else new)"""
 
 def run_spot(cfg: TpuConfig, pyproject: Mapping) -> int:
-    """``run``: the journal checked (launch/spot/journal.py), the manifest
-    compared with the slice once, then the spot loop (launch/spot/runner.py)
-    until the run ends."""
-    planned = dict(phases("run", cfg, pyproject))
-    return spot_runner.run_spot(cfg, Cloud(cfg, pyproject, planned), lambda: compare_manifest(
-        Cloud.shown(cfg, pyproject, planned)))
+    """``run``: the journal checked (launch/spot/journal.py), a VM of the
+    name that is not this run's refused, the manifest compared with the
+    slice once, then the spot loop (launch/spot/runner.py) until the run
+    ends."""
+    def make_cloud(cfg: TpuConfig) -> Cloud:
+        return Cloud(cfg, pyproject, dict(phases("run", cfg, pyproject)))
+
+    def prepare(cloud: Cloud) -> None:
+        cloud.vm_state()  # `NotThisRun` before the run says or does anything
+        compare_manifest(Cloud.shown(cloud.cfg, pyproject, cloud.planned))
+    return spot_runner.run_spot(cfg, make_cloud, prepare)
 
 
 def execute(step: str, cfg: TpuConfig, pyproject: Mapping) -> int:
@@ -344,17 +378,18 @@ def execute(step: str, cfg: TpuConfig, pyproject: Mapping) -> int:
     work = phases(step, cfg, pyproject)
     cloud = Cloud.shown(cfg, pyproject, dict(work))
     names = [name for name, _ in work]
-    delete = names.pop() if step == "all" and cfg.delete_after else None
+    # The final describe and delete of ``all --delete_after``.
+    delete = names[-2:] if step == "all" and cfg.delete_after else []
     rc, created = 0, False
     try:
-        for name in names:
+        for name in names[:len(names) - len(delete)]:
             rc = run_step(name, cloud)
             if rc != 0:
                 break
             created = created or name == "create"
     finally:
         if delete and created:
-            delete_rc = run_step(delete, cloud)
+            delete_rc = run_step(delete[0], cloud) or run_step(delete[1], cloud)
             rc = rc or delete_rc
     return rc
 
@@ -392,7 +427,7 @@ def _main(args: argparse.Namespace, rest: list[str]) -> int:
               f"(--wait_timeout {cfg.wait_timeout:g} s)",
               file=sys.stderr)
     if args.step == "run":
-        print(RUN_PLAN_NOTE.format(cfg=cfg), file=sys.stderr)
+        print(RUN_PLAN_NOTE.format(cfg=cfg, mark=tc.MARK_KEY), file=sys.stderr)
     return console.OK
 
 

@@ -11,6 +11,7 @@ they matter.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -72,12 +73,46 @@ def create_failure(text: str) -> str:
     return "transient"
 
 
+class NotThisRun(lc.LaunchError):
+    """A VM or queued resource of the launch's name that this launch did
+    not create: it carries no mark (`tc.MARK_KEY`), or another run's."""
+    code = console.BAD_INPUT
+
+
+def _dig(value, *keys):
+    """``value[k1][k2]...`` through dicts and lists, None where absent."""
+    for key in keys:
+        if isinstance(value, dict) or (isinstance(value, list) and type(key) is int
+                                        and -len(value) <= key < len(value)):
+            value = value[key] if isinstance(value, list) else value.get(key)
+        else:
+            return None
+    return value
+
+
+def parse_described(out: str, queued: bool) -> tuple[str, object]:
+    """The state and the mark (`tc.MARK_KEY`'s label value, None if
+    unlabelled) in a describe's JSON; state "" when it is unreadable."""
+    try:
+        found = json.loads(out)
+    except ValueError:
+        return "", None
+    state = _dig(found, "state", "state") if queued else _dig(found, "state")
+    labels = (_dig(found, "tpu", "nodeSpec", 0, "node", "labels") if queued
+              else _dig(found, "labels"))
+    return (state if isinstance(state, str) else ""), _dig(labels, tc.MARK_KEY)
+
+
 class Cloud:
     """The gcloud calls of a launch, from its planned commands; each says
     what it saw, none decides.
 
     ``run`` runs a command whose output is only shown, ``ask`` one whose
-    stdout is read; ``shows_output``: both show it as it comes.
+    stdout is read; ``shows_output``: both show it as it comes. A call
+    that reaches or changes the VM (ssh, scp, delete) runs only while
+    ``checked``: the last describe found the VM (or queued resource)
+    carrying this launch's mark, ``cfg.run_id`` (`_change`); one that
+    found another's raised `NotThisRun`.
     """
 
     def __init__(self, cfg: tc.TpuConfig, pyproject: Mapping, planned: Plan,
@@ -86,6 +121,7 @@ class Cloud:
         self.cfg, self.pyproject, self.planned = cfg, pyproject, planned
         self.run, self.ask = run, ask or run
         self.shows_output = shows_output
+        self.checked = False
 
     @classmethod
     def shown(cls, cfg: tc.TpuConfig, pyproject: Mapping, planned: Plan) -> "Cloud":
@@ -93,25 +129,62 @@ class Cloud:
         return cls(cfg, pyproject, planned, run_shown, ask_shown, shows_output=True)
 
     def vm_state(self) -> str:
-        """The VM's state (`spot_decide`'s states: GONE, UNKNOWN, READY, ...)."""
+        """The VM's state (`spot_decide`'s states: GONE, UNKNOWN, READY,
+        ...); `NotThisRun` when the VM or its queued resource carries
+        another mark than this launch's. Sets ``checked``."""
+        self.checked = False
         if not self.cfg.queued:
             [describe] = self.planned["describe"]
-            return self._described(describe)
-        queued_describe, describe = self.planned["describe"]
-        queued = self._described(queued_describe)
-        node = self._described(describe) if queued == sd.QUEUED_ACTIVE else ""
-        return sd.queued_vm_state(queued, node)
+            state = self._described(describe, "VM", queued=False)
+        else:
+            queued_describe, describe = self.planned["describe"]
+            queued = self._described(queued_describe, "queued resource", queued=True)
+            node = (self._described(describe, "VM", queued=False)
+                    if queued == sd.QUEUED_ACTIVE else "")
+            state = sd.queued_vm_state(queued, node)
+        self.checked = state not in (sd.GONE, sd.UNKNOWN)
+        return state
 
-    def _described(self, cmd: lc.Command) -> str:
+    def _described(self, cmd: lc.Command, what: str, queued: bool) -> str:
         rc, out, err = self.ask(cmd)
-        if rc == 0 and out.split():
-            return out.split()[0]
-        return sd.GONE if rc != 0 and "NOT_FOUND" in err else sd.UNKNOWN
+        if rc != 0:
+            return sd.GONE if "NOT_FOUND" in err else sd.UNKNOWN
+        state, mark = parse_described(out, queued)
+        if not state:
+            return sd.UNKNOWN
+        if mark != self.cfg.run_id:
+            seen = "no such label" if mark is None else f"{json.dumps(mark)}"
+            raise NotThisRun(
+                f"{self.cfg.name} in {self.cfg.zone}: a {what} this launch did not "
+                f"create (label {tc.MARK_KEY}: {seen}, not {self.cfg.run_id}); left "
+                "as it is: pass another --name, or the --run_id it was made with")
+        return state
+
+    def _change(self, cmd: lc.Command, read: bool = False) -> Result:
+        """Runs ``cmd``, which reaches or changes the VM, only while
+        ``checked`` (``read``: for its stdout); else runs nothing and fails
+        saying why."""
+        if self.checked:
+            return self.ask(cmd) if read else self.run(cmd)
+        why = (f"error: {self.cfg.name}: not run ({cmd[4]}): no describe since the "
+               f"last create or delete found this launch's mark on it")
+        if self.shows_output:
+            print(why, file=sys.stderr)
+        return console.FAILURE, "", why
+
+    def check(self) -> int:
+        """A step's check before it reaches the VM: 0 once the VM was seen
+        with this launch's mark; `NotThisRun` for another's."""
+        state = self.vm_state()
+        if self.checked:
+            return console.OK
+        return lc.fail(f"{self.cfg.name} in {self.cfg.zone}: no VM to reach "
+                       f"(describe: {state}); nothing was run on it", console.FAILURE)
 
     def status(self) -> Result:
         """The status script's answer from every host (`tc.parse_status`)."""
         [cmd] = self.planned.get("wait") or self.planned["status"]
-        return self.ask(cmd)
+        return self._change(cmd, read=True)
 
     def trainer(self) -> tuple[sd.Trainer, list[tc.Progress]]:
         """The trainer's state over ssh, and each host's progress."""
@@ -124,6 +197,7 @@ class Cloud:
 
     def create(self) -> Result:
         [cmd] = self.planned["create"]
+        self.checked = False  # a VM made now is reached once described
         return self.run(cmd)
 
     def build_wheel(self) -> None:
@@ -147,7 +221,7 @@ class Cloud:
         """Runs ``commands`` until one fails; the last result."""
         result = 0, "", ""
         for cmd in commands:
-            result = self.run(cmd)
+            result = self._change(cmd)
             if result[0] != 0:
                 return result
         return result
@@ -160,18 +234,20 @@ class Cloud:
         start = self.planned["train"][1]
         if dead_hosts:
             _, start = tc.train_commands(self.cfg, dead_hosts)
-        return self.run(start)
+        return self._change(start)
 
     def logs(self) -> Result:
         return self._in_turn(self.planned["logs"])
 
     def delete(self) -> Result:
         [cmd] = self.planned["delete"]
-        return self.run(cmd)
+        result = self._change(cmd)
+        self.checked = False
+        return result
 
     def fetch_log(self, dest: Path) -> Result:
         dest.parent.mkdir(parents=True, exist_ok=True)
-        return self.run(tc.fetch_log_command(self.cfg, dest))
+        return self._change(tc.fetch_log_command(self.cfg, dest))
 
 
 # ------------------------------------------------------------------ steps
@@ -275,6 +351,17 @@ def show_status(cloud: Cloud) -> int:
     return code
 
 
+def create(cloud: Cloud) -> int:
+    """``create``: the VM, labelled with the launch's run id, which the
+    steps that reach it later are given (``--run_id``)."""
+    rc = cloud.create()[0]
+    if rc == 0:
+        print(f"{cloud.cfg.name}: made with the label {tc.MARK_KEY}={cloud.cfg.run_id}; "
+              f"pass --run_id={cloud.cfg.run_id} to the steps that reach it",
+              file=sys.stderr)
+    return rc
+
+
 def setup(cloud: Cloud) -> int:
     cloud.build_wheel()
     return cloud.install()[0]
@@ -286,7 +373,8 @@ def train(cloud: Cloud) -> int:
 
 
 STEP_ACTIONS: dict[str, Callable[[Cloud], int]] = {
-    "create": lambda cloud: cloud.create()[0],
+    "describe": lambda cloud: cloud.check(),
+    "create": create,
     "setup": setup,
     "train": train,
     "wait": wait_for_trainer,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import secrets
 import shlex
 import signal
 import sys
@@ -35,6 +36,14 @@ _STATUS_RE = re.compile(re.escape(STATUS_PREFIX) + r" (?P<state>running|"
 _PROGRESS_RE = re.compile(re.escape(STATUS_PREFIX) + r" .*?(?: step=(?P<step>\d+)/"
                           r"(?P<total>\d+))?(?: resumed=(?P<resumed>\d+))? on "
                           r"(?P<host>\S+)$", re.MULTILINE)
+# The mark a launcher puts on what it creates: a label whose value is the
+# run's id. GCE label values: lowercase letters, digits, - and _, at most 63.
+MARK_KEY = "mnist-run"
+RUN_ID_RE = re.compile(r"[a-z0-9_-]{1,63}")
+# TPU VM names, as GCE accepts them.
+VM_NAME_RE = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")
+# Shown by ``run --dry_run`` where the run's id goes (its journal's, else new).
+RUN_ID_PLACEHOLDER = "RUN_ID"
 DEFAULT_TENSORFLOW = "tensorflow-tpu==2.20.0"
 # The newest libtpu that tensorflow-tpu 2.20.0 loads (docs/tpu_vm_stack.md
 # has the versions tried); the build itself accepts any libtpu~=0.0.14.
@@ -95,6 +104,17 @@ class TpuConfig:
     events: Path | None = None
     logs_dir: Path = Path(".")
     retry_seconds: float = 900.0
+    # The mark (`MARK_KEY`) of the VM this launch creates or works on.
+    run_id: str | None = None
+
+
+def new_run_id() -> str:
+    """A fresh run id, a valid label value (`RUN_ID_RE`)."""
+    return secrets.token_hex(8)
+
+
+def _labels(cfg: TpuConfig) -> str:
+    return f"--labels={MARK_KEY}={cfg.run_id or RUN_ID_PLACEHOLDER}"
 
 
 def _gcloud(cfg: TpuConfig, verb: str, *rest: str, group: str = "tpu-vm") -> lc.Command:
@@ -114,7 +134,7 @@ def create_commands(cfg: TpuConfig) -> list[lc.Command]:
         return queued_create_commands(cfg)
     cmd = _gcloud(cfg, "create", cfg.name)
     cmd += [f"--accelerator-type={cfg.accelerator_type}",
-            f"--version={cfg.runtime_version}"]
+            f"--version={cfg.runtime_version}", _labels(cfg)]
     if cfg.spot:
         cmd.append("--spot")
     return [cmd]
@@ -381,16 +401,17 @@ def queued_create_commands(cfg: TpuConfig) -> list[lc.Command]:
     capacity is free instead of refusing the request."""
     cmd = _queued(cfg, "create", cfg.name, f"--node-id={cfg.name}",
                   f"--accelerator-type={cfg.accelerator_type}",
-                  f"--runtime-version={cfg.runtime_version}")
+                  f"--runtime-version={cfg.runtime_version}", _labels(cfg))
     if cfg.spot:
         cmd.append("--spot")
     return [cmd]
 
 
 def describe_command(cfg: TpuConfig) -> lc.Command:
-    """Prints the VM's state (READY, CREATING, PREEMPTED, ...); exits 1 with
-    NOT_FOUND when there is no VM of that name."""
-    return _gcloud(cfg, "describe", cfg.name, "--format=value(state)")
+    """Prints the VM as JSON: its ``state`` (READY, CREATING, PREEMPTED,
+    ...) and ``labels``; exits 1 with NOT_FOUND when there is no VM of
+    that name."""
+    return _gcloud(cfg, "describe", cfg.name, "--format=json")
 
 
 def describe_commands(cfg: TpuConfig) -> list[lc.Command]:
@@ -402,15 +423,21 @@ def describe_commands(cfg: TpuConfig) -> list[lc.Command]:
 
 
 def queued_describe_command(cfg: TpuConfig) -> lc.Command:
-    """Prints the queued resource's state (ACCEPTED, PROVISIONING, ACTIVE,
-    SUSPENDED, FAILED, ...)."""
-    return _queued(cfg, "describe", cfg.name, "--format=value(state.state)")
+    """Prints the queued resource as JSON: its ``state.state`` (ACCEPTED,
+    PROVISIONING, ACTIVE, SUSPENDED, FAILED, ...) and, under
+    ``tpu.nodeSpec[].node.labels``, the labels its VM is made with."""
+    return _queued(cfg, "describe", cfg.name, "--format=json")
 
 
 def fetch_log_command(cfg: TpuConfig, dest: Path) -> lc.Command:
     """Copies the trainer host's log here (worker 0: the one that trains)."""
     return _gcloud(cfg, "scp", f"{cfg.name}:{REMOTE_DIR}/train.log", str(dest),
                    "--worker=0")
+
+
+# The steps that reach an existing VM: each runs after a describe that
+# found the VM carrying this launch's mark (`launch.tpu.cloud.Cloud`).
+REACHES_VM = ("setup", "train", "wait", "status", "logs", "delete")
 
 
 def phases(step: str, cfg: TpuConfig,
@@ -436,6 +463,9 @@ def phases(step: str, cfg: TpuConfig,
             ["delete"] if cfg.delete_after else [])
     elif step == "run":  # without a preemption; launch/spot/runner.py has the loop
         names = ["describe", "create", "setup", "train", "wait", "delete", "describe"]
+    if step != "run":  # each step that reaches the VM checks its mark first
+        names = [n for name in names
+                 for n in (["describe", name] if name in REACHES_VM else [name])]
     return [(name, builders[name]()) for name in names]
 
 

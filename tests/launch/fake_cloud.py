@@ -1,7 +1,7 @@
 """A Cloud TPU in a folder: the state behind the fake ``gcloud`` (`fake_gcloud`).
 
 Each TPU VM is a folder ``vms/NAME`` holding its state (CREATING, READY,
-PREEMPTED, ...), its id, its host name and a home folder. ``ssh`` runs the
+PREEMPTED, ...), its id, its labels, its host name and a home folder. ``ssh`` runs the
 command in bash there, in a session of its own, with ``HOME`` the VM's home
 and, first on ``PATH``, the VM's ``python3`` (`fake_host_python3`) and
 ``hostname``. Every process a VM runs carries ``FAKE_TPU_VM=<id>`` in its
@@ -147,7 +147,12 @@ class FakeCloud:
         """Name -> state of every VM that exists."""
         return {p.name: self.state(p.name) for p in (self.root / "vms").iterdir()}
 
-    def new_vm(self, name: str) -> str:
+    def labels(self, name: str) -> dict[str, str]:
+        """The VM's labels (``--labels`` of its create)."""
+        text = _read_if_there(self.vm_dir(name) / "labels.json")
+        return json.loads(text) if text else {}
+
+    def new_vm(self, name: str, labels: dict[str, str] | None = None) -> str:
         """A VM folder in state CREATING (caller holds the lock); its id."""
         # Unique across clouds: its processes are found (and killed) by it,
         # while other tests' fake clouds run VMs on the same machine.
@@ -158,6 +163,7 @@ class FakeCloud:
         (folder / "bin").mkdir()
         (folder / "id").write_text(vm_id)
         (folder / "host").write_text(f"t1v-n-{vm_id}-w-0")
+        (folder / "labels.json").write_text(json.dumps(labels or {}))
         _write_program(folder / "bin" / "python3",
                        f'exec "$FAKE_HOST_PYTHON" {HERE / "fake_host_python3.py"} "$@"')
         _write_program(folder / "bin" / "hostname", 'echo "$FAKE_TPU_HOSTNAME"')

@@ -7,6 +7,11 @@ and exit statuses.
     storage cat gs://BUCKET/OBJECT   (from the local GCS server,
                                       STORAGE_EMULATOR_HOST)
 
+``create`` keeps ``--labels=KEY=VALUE,...`` (refused, as GCE refuses them,
+unless keys and values follow its label rules); ``describe
+--format=json`` prints them as gcloud does: a VM's under ``labels``, a
+queued resource's under ``tpu.nodeSpec[0].node.labels``.
+
 ``create`` blocks while the VM is CREATING (``FAKE_CREATE_SECONDS``), and
 ``delete`` while it is DELETING (``FAKE_DELETE_SECONDS``), as gcloud waits
 for the operation; the operation itself runs on in a process of its own,
@@ -17,7 +22,9 @@ described.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -39,6 +46,23 @@ def _flags(args: list[str]) -> tuple[list[str], dict[str, str]]:
     return positional, flags
 
 
+# GCE's label rules (ASCII): a key starts with a lowercase letter; keys and
+# values hold lowercase letters, digits, - and _, at most 63 characters.
+LABEL_KEY = re.compile(r"[a-z][a-z0-9_-]{0,62}")
+LABEL_VALUE = re.compile(r"[a-z0-9_-]{0,63}")
+
+
+def parse_labels(text: str) -> dict[str, str] | None:
+    """``--labels``'s ``KEY=VALUE,...``; None when one breaks the rules."""
+    labels = {}
+    for pair in filter(None, text.split(",")):
+        key, _, value = pair.partition("=")
+        if not (LABEL_KEY.fullmatch(key) and LABEL_VALUE.fullmatch(value)):
+            return None
+        labels[key] = value
+    return labels
+
+
 def _error(verb: str, status: str, message: str, code: int = 1) -> int:
     print(f"ERROR: (gcloud.compute.tpus.{verb}) {status}: {message}", file=sys.stderr)
     return code
@@ -52,22 +76,28 @@ def _not_found(verb: str, name: str) -> int:
 def tpu_vm(cloud: FakeCloud, verb: str, args: list[str]) -> int:
     positional, flags = _flags(args)
     name = positional[0].split(":")[0] if verb != "scp" else None
-    handlers = {"create": lambda: _operation("create", name, flags.get("zone", "")),
-                "describe": lambda: describe(cloud, name),
+    handlers = {"create": lambda: _create(name, flags),
+                "describe": lambda: describe(cloud, name, flags.get("format")),
                 "delete": lambda: _operation("delete", name),
                 "ssh": lambda: ssh(cloud, name, flags),
                 "scp": lambda: scp(cloud, positional)}
     return handlers[verb]()
 
 
-def create(cloud: FakeCloud, name: str, zone: str) -> int:
+def _create(name: str, flags: dict[str, str]) -> int:
+    if parse_labels(flags.get("labels", "")) is None:
+        return _error("tpu-vm.create", "INVALID_ARGUMENT", f"bad labels {flags['labels']!r}")
+    return _operation("create", name, flags.get("zone", ""), flags.get("labels", ""))
+
+
+def create(cloud: FakeCloud, name: str, zone: str, labels: str = "") -> int:
     with cloud.locked():
         if cloud.state(name) is not None:
             return _error("tpu-vm.create", "ALREADY_EXISTS", f"node {name} already exists")
         if cloud.take_fault("stockouts"):
             print(STOCKOUT.format(zone=zone), file=sys.stderr)
             return 1
-        vm_id = cloud.new_vm(name)
+        vm_id = cloud.new_vm(name, parse_labels(labels))
     time.sleep(float(os.environ.get("FAKE_CREATE_SECONDS", "0.2")))
     with cloud.locked():
         if cloud.vm_id(name) == vm_id and cloud.state(name) == "CREATING":
@@ -75,22 +105,27 @@ def create(cloud: FakeCloud, name: str, zone: str) -> int:
     return 0
 
 
-def _operation(verb: str, name: str, zone: str = "") -> int:
+def _operation(verb: str, name: str, zone: str = "", labels: str = "") -> int:
     """A create or delete, run in a session of its own (a signal to this
     gcloud does not reach it) and waited for, as gcloud waits."""
-    return subprocess.run([sys.executable, __file__, "operation", verb, name, zone],
+    return subprocess.run([sys.executable, __file__, "operation", verb, name, zone, labels],
                           start_new_session=True).returncode
 
 
-def operation(cloud: FakeCloud, verb: str, name: str, zone: str) -> int:
-    return create(cloud, name, zone) if verb == "create" else delete(cloud, name)
+def operation(cloud: FakeCloud, verb: str, name: str, zone: str, labels: str = "") -> int:
+    return create(cloud, name, zone, labels) if verb == "create" else delete(cloud, name)
 
 
-def describe(cloud: FakeCloud, name: str) -> int:
+def describe(cloud: FakeCloud, name: str, form: str | None) -> int:
+    """``--format=json``: the VM's name, state and labels; else its state."""
     state = cloud.state(name)
     if state is None:
         return _not_found("tpu-vm.describe", name)
-    print(state)
+    if form == "json":
+        print(json.dumps({"name": name, "state": state, "labels": cloud.labels(name)},
+                         indent=2))
+    else:
+        print(state)
     return 0
 
 
@@ -153,10 +188,14 @@ def queued(cloud: FakeCloud, verb: str, args: list[str]) -> int:
     folder = cloud.root / "queued" / name
     with cloud.locked():
         if verb == "create":
+            labels = parse_labels(flags.get("labels", ""))
+            if labels is None:
+                return _error("queued-resources.create", "INVALID_ARGUMENT", "bad labels")
             if folder.exists():
                 return _error("queued-resources.create", "ALREADY_EXISTS", name)
             folder.mkdir()
             (folder / "node").write_text(flags["node-id"])
+            (folder / "labels.json").write_text(json.dumps(labels))
             (folder / "state").write_text("WAITING_FOR_RESOURCES\n")
             return 0
         if not folder.exists():
@@ -168,12 +207,16 @@ def queued(cloud: FakeCloud, verb: str, args: list[str]) -> int:
             shutil.rmtree(folder)
             return 0
         state = (folder / "state").read_text().strip()
+        labels_file = folder / "labels.json"  # none: a resource made without labels
+        labels = json.loads(labels_file.read_text()) if labels_file.exists() else {}
         if state == "WAITING_FOR_RESOURCES" and not cloud.take_fault("stockouts"):
-            cloud.new_vm(node)
+            cloud.new_vm(node, labels)
             cloud.set_state(node, "READY")
             state = "ACTIVE"
             (folder / "state").write_text(state + "\n")
-        print(state)
+        print(json.dumps({"name": name, "state": {"state": state}, "tpu": {"nodeSpec": [
+            {"nodeId": node, "node": {"labels": labels}}]}}, indent=2)
+              if flags.get("format") == "json" else state)
         return 0
 
 

@@ -9,6 +9,7 @@ lists from the `launch` package's modules.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -85,9 +86,11 @@ def flag_values(cmd: list[str]) -> dict[str, str]:
 
 # --------------------------------------------------------------- TPU VM
 
+# The run id (label mnist-run) the VM of TPU_ARGS is made with and checked for.
+RUN_ID = "test-run-1"
 TPU_ARGS = ["--name=mnist-tpu", "--zone=us-central2-b",
             "--accelerator_type=v4-8", "--data=gs://bkt/mnist",
-            "--model_dir=gs://bkt/runs/1"]
+            "--model_dir=gs://bkt/runs/1", f"--run_id={RUN_ID}"]
 
 
 def tpu_plan(step: str, *extra: str, base=TPU_ARGS):
@@ -118,10 +121,19 @@ class FakeHost:
         self.now += seconds
 
 
+def described(cfg: tc.TpuConfig, state: str = "READY") -> str:
+    """``describe --format=json``'s answer for ``cfg``'s VM, marked as its."""
+    return json.dumps({"name": cfg.name, "state": state,
+                       "labels": {tc.MARK_KEY: cfg.run_id}})
+
+
 def wait_with(host: FakeHost, *extra: str) -> int:
-    cfg, [cmd] = tpu_plan("wait", "--poll_seconds=30", *extra)
-    cloud = tpu_cloud.Cloud(cfg, PYPROJECT, {"wait": [cmd]},
+    """``wait`` (its describe answered READY, with the mark) against ``host``."""
+    cfg, [describe, cmd] = tpu_plan("wait", "--poll_seconds=30", *extra)
+    cloud = tpu_cloud.Cloud(cfg, PYPROJECT, {"describe": [describe], "wait": [cmd]},
                             run=lambda cmd: (*host.run(cmd), ""))
+    cloud.ask = lambda cmd: (0, described(cfg), "") if cmd == describe else cloud.run(cmd)
+    assert cloud.check() == 0
     return tpu_cloud.wait_for_trainer(cloud, sleep=host.sleep, clock=lambda: host.now)
 
 

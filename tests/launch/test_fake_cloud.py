@@ -30,3 +30,34 @@ def test_preempting_one_clouds_vm_leaves_another_clouds_vm_running(tmp_path):
         for proc in procs:
             proc.kill()
             proc.wait()
+
+
+def test_the_fake_gcloud_keeps_labels_as_gce_does(tmp_path):
+    """``create --labels`` is kept and ``describe --format=json`` returns it
+    under ``labels`` (a queued resource: under its node spec); a label
+    value GCE refuses is refused."""
+    import json
+    import os
+
+    from tests.launch.helpers import clean_env, write_fake_gcloud
+    cloud = FakeCloud(tmp_path / "cloud")
+    gcloud = write_fake_gcloud(tmp_path)
+    env = clean_env(FAKE_CLOUD=str(cloud.root), FAKE_CREATE_SECONDS="0", PATH=os.environ["PATH"])
+
+    def call(*argv):
+        return subprocess.run([str(gcloud), "compute", "tpus", *argv, "--zone=z"], env=env,
+                              capture_output=True, text=True, timeout=60)
+    assert call("tpu-vm", "create", "vm", "--labels=mnist-run=ab-1_c").returncode == 0
+    described = json.loads(call("tpu-vm", "describe", "vm", "--format=json").stdout)
+    assert (described["state"], described["labels"]) == ("READY", {"mnist-run": "ab-1_c"})
+    assert call("tpu-vm", "describe", "vm", "--format=value(state)").stdout == "READY\n"
+    bad = call("tpu-vm", "create", "vm2", "--labels=mnist-run=Not OK")
+    assert bad.returncode == 1 and "INVALID_ARGUMENT" in bad.stderr and "vm2" not in cloud.vms()
+    assert call("queued-resources", "create", "q", "--node-id=q",
+                "--labels=mnist-run=x" + "y" * 63).returncode == 1
+    assert call("queued-resources", "create", "q", "--node-id=q", "--accelerator-type=v4-8",
+                "--labels=mnist-run=r2").returncode == 0
+    queued = json.loads(call("queued-resources", "describe", "q", "--format=json").stdout)
+    assert queued["state"] == {"state": "ACTIVE"}
+    assert queued["tpu"]["nodeSpec"][0]["node"]["labels"] == {"mnist-run": "r2"}
+    assert cloud.labels("q") == {"mnist-run": "r2"}

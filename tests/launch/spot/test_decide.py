@@ -112,7 +112,9 @@ def test_the_journal_lets_a_restarted_launcher_count_on(tmp_path):
     """A preempted VM after a kill: its recovery counts on from the journal,
     and the new trainer is told the dead VM's host."""
     events = tmp_path / "events.jsonl"
-    old = [{"event": "created"}, {"event": "training", "step": 12, "hosts": ["h-old"]},
+    run = spot_journal.identity(tpu_plan("run")[0])
+    old = [{"event": "started", "run": run},
+           {"event": "created"}, {"event": "training", "step": 12, "hosts": ["h-old"]},
            {"event": "preempted", "recovery": 1, "step": 12}, {"event": "deleted"},
            {"event": "created"}, {"event": "recovered", "recovery": 1},
            {"event": "training", "step": 30, "hosts": ["h-two"]}]

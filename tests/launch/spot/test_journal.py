@@ -14,10 +14,11 @@ import pytest
 from launch.spot import journal as spot_journal
 from tests.helpers import read_only
 from tests.launch.fake_cloud import FakeCloud
-from tests.launch.helpers import TPU_ARGS, clean_env, run_script, write_fake_gcloud
+from tests.launch.helpers import RUN_ID, TPU_ARGS, clean_env, run_script, write_fake_gcloud
 
 RUN = {"name": "mnist-tpu", "zone": "us-central2-b", "project": None,
-       "accelerator_type": "v4-8", "model_dir": "gs://bkt/runs/1", "queued": False}
+       "accelerator_type": "v4-8", "model_dir": "gs://bkt/runs/1", "queued": False,
+       "run_id": RUN_ID}
 
 
 @pytest.fixture
@@ -171,3 +172,50 @@ def test_another_runs_journal_is_taken_once_that_run_ended(tmp_path):
     journal, standing = opened(events)
     journal.close()
     assert standing.recoveries == 0 and standing.run is None
+
+
+OTHER_HOST = {"event": "training", "hosts": ["other-teams-vm-w-0"]}
+
+
+@pytest.mark.parametrize("records, problem", [
+    ([{"event": "started", "run": {}}, OTHER_HOST, {"event": "deleted"}],
+     'line 1: "started" does not name its run (no name, zone, project, accelerator_type, '
+     "model_dir, queued, run_id)"),
+    ([OTHER_HOST, {"event": "deleted"}],
+     'line 1: a run that no "started" line names before it, so not known to be this run'),
+    ([{"event": "finished"}, OTHER_HOST, {"event": "started", "run": RUN}],
+     'line 2: a run that no "started" line names before it, so not known to be this run'),
+    ([{"event": "started", "run": {k: v for k, v in RUN.items() if k != "run_id"}}, OTHER_HOST],
+     'line 1: "started" does not name its run (no run_id)'),
+])
+def test_a_journal_that_does_not_name_this_run_is_refused(launch, tmp_path, records, problem):
+    """Its dead hosts would let this run's trainer take over another's lock."""
+    events = tmp_path / "events.jsonl"
+    content = b"".join(line(r) for r in records)
+    events.write_bytes(content)
+    proc, cloud = launch(events)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == f"error: {events}: {problem}; pass another --events file\n"
+    assert cloud.calls() == [] and events.read_bytes() == content
+
+
+def test_a_file_whose_one_line_starts_a_record_is_not_a_journal(launch, tmp_path):
+    """Not a cut-short last record of a journal: there is no journal before it."""
+    events = tmp_path / "notes.txt"
+    events.write_bytes(b'{"these": "are my notes, not a journal"')
+    proc, cloud = launch(events)
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == (f"error: {events}: line 1: not a journal: no whole record, only "
+                           "the start of one (--events)\n")
+    assert cloud.calls() == [] and events.read_bytes() == b'{"these": "are my notes, not a journal"'
+
+
+def test_a_run_id_that_is_no_label_value_is_refused(tmp_path):
+    """A launcher without --run_id takes its journal's run id: one that no
+    VM could carry as its label is refused."""
+    events = tmp_path / "events.jsonl"
+    events.write_bytes(line({"event": "started", "run": {**RUN, "run_id": "Not A Label"}}))
+    mine = {k: v for k, v in RUN.items() if k != "run_id"}
+    with pytest.raises(spot_journal.JournalError, match=r'line 1: "run_id" is "Not A Label", '
+                       "not a run id; pass another --events file$"):
+        opened(events, run=mine)

@@ -11,6 +11,7 @@ output line for line.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shlex
 import signal
@@ -28,9 +29,10 @@ from launch.tpu import cloud as tpu_cloud
 from launch.tpu import commands as tc
 from mnist_common import console
 from tests.helpers import REPO
-from tests.launch.helpers import (PYPROJECT, RUNNING, TPU_ARGS, WHEEL, FakeHost, as_planned,
+from tests.launch.helpers import (PYPROJECT, RUN_ID, RUNNING, TPU_ARGS, WHEEL, FakeHost, as_planned,
                                   clean_env, fake_program, flag_values, host_env, release_trainer,
-                                  remote_state, run_remote, run_script, status_line, tpu_plan,
+                                  described, remote_state, run_remote, run_script, status_line,
+                                  tpu_plan,
                                   wait_remote_exit, wait_with)
 
 POD_ARGS = [a for a in TPU_ARGS if not a.startswith("--accelerator_type")] + [
@@ -84,7 +86,8 @@ def test_tpu_default_runtime_per_accelerator(accelerator, image):
 
 
 def test_tpu_setup_copies_and_installs_on_every_worker(tmp_path):
-    _, (build, scp, ssh) = tpu_plan("setup", f"--dist_dir={tmp_path}")
+    _, (describe, build, scp, ssh) = tpu_plan("setup", f"--dist_dir={tmp_path}")
+    assert describe[3:6] == ["tpu-vm", "describe", "mnist-tpu"]
     assert build[1:4] == ["-m", "pip", "wheel"]
     assert scp[:5] == ["gcloud", "compute", "tpus", "tpu-vm", "scp"]
     assert "--worker=all" in scp and "--zone=us-central2-b" in scp
@@ -140,7 +143,7 @@ def test_tpu_install_script_needs_the_gcs_client_in_the_trainer_extra():
 
 
 def test_tpu_tf_runtime_image_keeps_its_tensorflow():
-    cfg, (_, _, ssh) = tpu_plan(
+    cfg, (_, _, _, ssh) = tpu_plan(
         "setup", "--runtime_version=tpu-vm-tf-2.19.0-pjrt")
     assert cfg.tensorflow == tc.PREINSTALLED
     script = remote_script(ssh)
@@ -149,7 +152,7 @@ def test_tpu_tf_runtime_image_keeps_its_tensorflow():
 
 
 def test_tpu_train_single_host_starts_the_tpu_preset_on_all_workers():
-    cfg, [manifest, cmd] = tpu_plan("train", "--loop=custom", "--epochs=3")
+    cfg, [_, manifest, cmd] = tpu_plan("train", "--loop=custom", "--epochs=3")
     assert manifest == ["gcloud", "storage", "cat", "gs://bkt/mnist/manifest.json"]
     assert cmd[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh",
                        "mnist-tpu"]
@@ -175,7 +178,7 @@ def test_tpu_train_a_given_preset_replaces_the_default(given):
 
 
 def test_tpu_train_multi_host_uses_one_client_and_a_pod_image():
-    cfg, [_, cmd] = tpu_plan("train", base=POD_ARGS)
+    cfg, [_, _, cmd] = tpu_plan("train", base=POD_ARGS)
     assert "--worker=0" in cmd and "--worker=all" not in cmd
     script = remote_script(cmd)
     assert ("TPU_LOAD_LIBRARY=0 python3 -m trainer --preset=tpu "
@@ -185,22 +188,23 @@ def test_tpu_train_multi_host_uses_one_client_and_a_pod_image():
 
 
 def test_tpu_logs_status_and_wait_need_only_name_and_zone():
-    base = ["--name=mnist-tpu", "--zone=us-central2-b"]
-    _, [logs] = tpu_plan("logs", "--follow", "--lines=7", base=base)
+    base = ["--name=mnist-tpu", "--zone=us-central2-b", "--run_id=r1"]
+    _, [_, logs] = tpu_plan("logs", "--follow", "--lines=7", base=base)
     assert "--worker=all" in logs
     assert "tail -n 7 -F --pid=" in remote_script(logs)
-    _, [status] = tpu_plan("status", base=base)
-    _, [wait] = tpu_plan("wait", base=base)
+    _, [_, status] = tpu_plan("status", base=base)
+    _, [_, wait] = tpu_plan("wait", base=base)
     assert status == wait and "--worker=all" in status
     assert remote_script(status) == tc.status_script()
 
 
 def test_tpu_all_order_and_delete_after():
     _, cmds = tpu_plan("all", "--delete_after")
-    assert [verb(c) for c in cmds] == ["create", "build", "scp", "ssh", "storage cat",
-                                       "ssh", "ssh", "delete"]
-    assert remote_script(cmds[5]).startswith("mkdir -p ~/mnist-tpu")
-    assert remote_script(cmds[6]) == tc.status_script()
+    assert [verb(c) for c in cmds] == ["create", "describe", "build", "scp", "ssh",
+                                       "describe", "storage cat", "ssh", "describe", "ssh",
+                                       "describe", "delete"]
+    assert remote_script(cmds[7]).startswith("mkdir -p ~/mnist-tpu")
+    assert remote_script(cmds[9]) == tc.status_script()
     assert cmds[-1][5:] == ["mnist-tpu", "--quiet", "--zone=us-central2-b"]
     _, cmds = tpu_plan("all")
     assert "delete" not in [verb(c) for c in cmds]
@@ -368,7 +372,8 @@ def fake_cloud(tmp_path: Path, running_polls: int = 0, train_exit: int = 0,
     """A ``gcloud`` on PATH and a build ``python`` that log their commands.
 
     Each call is written as ``shlex.join`` of the argv the launcher passed
-    (the name it used first). Status checks answer "running" for the first
+    (the name it used first). A describe answers READY, with the mark of
+    TPU_ARGS's run id. Status checks answer "running" for the first
     ``running_polls`` calls, then "exited status=train_exit". ``storage cat``
     prints ``manifest``, or fails (exit 1) when it is None.
     """
@@ -385,6 +390,8 @@ with open({str(log)!r}, "a") as fh:
 """
     gcloud = bin_dir / "gcloud"
     gcloud.write_text(record.replace("NAME", repr("gcloud")) + f"""
+if sys.argv[4:5] == ["describe"]:
+    print({json.dumps({"state": "READY", "labels": {tc.MARK_KEY: RUN_ID}})!r})
 if sys.argv[1:3] == ["storage", "cat"]:
     answer = pathlib.Path({str(answer)!r})
     if not answer.exists():
@@ -443,6 +450,8 @@ def test_each_step_runs_its_planned_commands_through_the_one_cloud_layer(tmp_pat
 
     def record(cmd):
         calls.append(cmd)
+        if "describe" in cmd:
+            return 0, described(cfg), ""
         if "--wheel-dir" in cmd:
             (tmp_path / WHEEL).write_text("wheel")
         if any(tc.STATUS_PREFIX in a for a in cmd):
@@ -463,10 +472,10 @@ def test_execute_repeats_only_the_status_check_while_training(tmp_path):
     real = run_script("launch_tpu_vm.py", *argv, env=env)
     assert real.returncode == 0, real.stderr
     planned = dry.stdout.splitlines()
-    status = planned[-2]
+    status = planned[-3]  # then the describe and delete of --delete_after
     assert tc.STATUS_PREFIX in status
     assert as_planned(log.read_text()).splitlines() == \
-        planned[:-1] + [status, status] + planned[-1:]
+        planned[:-2] + [status, status] + planned[-2:]
 
 
 def train_stderr(tmp_path: Path, base: list[str], manifest: str | None) -> str:
@@ -475,7 +484,7 @@ def train_stderr(tmp_path: Path, base: list[str], manifest: str | None) -> str:
     proc = run_script("launch_tpu_vm.py", "train", *base, env=env)
     assert proc.returncode == 0, proc.stderr
     assert [verb(shlex.split(c)) for c in log.read_text().splitlines()] == [
-        "storage cat", "ssh"]
+        "describe", "storage cat", "ssh"]
     return proc.stderr
 
 
@@ -516,8 +525,9 @@ def test_tpu_all_deletes_even_when_training_fails(tmp_path):
     assert proc.returncode == 3, proc.stderr
     assert "finished with exit status 3" in proc.stderr
     calls = [shlex.split(c) for c in log.read_text().splitlines()]
-    assert [verb(c) for c in calls] == ["create", "scp", "ssh", "storage cat", "ssh",
-                                        "ssh", "ssh", "delete"]
+    assert [verb(c) for c in calls] == ["create", "describe", "scp", "ssh", "describe",
+                                        "storage cat", "ssh", "describe", "ssh", "ssh",
+                                        "describe", "delete"]
     assert (tmp_path / "d" / WHEEL).is_file()  # what scp copied was built
 
 
@@ -525,14 +535,15 @@ def test_tpu_all_deletes_when_setup_fails_but_not_when_create_fails(tmp_path):
     env, log, python = fake_cloud(tmp_path)
     fake_program(Path(env["PATH"].split(os.pathsep)[0]) / "gcloud", f"""
 printf '%s\\n' "$4" >> {shlex.quote(str(log))}
-case "$4" in scp) exit 5 ;; create) exit "${{CREATE_RC:-0}}" ;; esac
+case "$4" in scp) exit 5 ;; create) exit "${{CREATE_RC:-0}}" ;;
+  describe) echo '{{"state": "READY", "labels": {{"{tc.MARK_KEY}": "{RUN_ID}"}}}}' ;; esac
 """)
     argv = ["all", *TPU_ARGS, "--delete_after", f"--python={python}",
             f"--dist_dir={tmp_path / 'dist'}"]
     proc = run_script("launch_tpu_vm.py", *argv, env=env)
     assert proc.returncode == 5
     calls = log.read_text().splitlines()
-    assert calls[0] == "create" and calls[-2:] == ["scp", "delete"]
+    assert calls[0] == "create" and calls[-3:] == ["scp", "describe", "delete"]
     log.unlink()
     proc = run_script("launch_tpu_vm.py", *argv, env=dict(env, CREATE_RC="4"))
     assert proc.returncode == 4
@@ -544,9 +555,10 @@ def test_tpu_dry_run_subprocess_prints_gcloud_commands():
     assert proc.returncode == 0, proc.stderr
     lines = [shlex.split(line) for line in proc.stdout.splitlines()]
     gcloud = [c for c in lines if c[0] == "gcloud"]
-    assert [verb(c) for c in gcloud] == ["create", "scp", "ssh", "storage cat", "ssh",
-                                         "ssh"]
-    assert all("--worker=all" in c for c in gcloud[1:] if c[1] == "compute")
+    assert [verb(c) for c in gcloud] == ["create", "describe", "scp", "ssh", "describe",
+                                         "storage cat", "ssh", "describe", "ssh"]
+    assert all("--worker=all" in c for c in gcloud[1:]
+               if c[1] == "compute" and verb(c) != "describe")
     assert "--version=tpu-ubuntu2204-base" in gcloud[0]
     assert "--accelerator-type=v4-8" in gcloud[0]
 
@@ -655,7 +667,8 @@ def test_tpu_all_interrupted_while_waiting_still_deletes(tmp_path):
     assert "Traceback" not in proc.stderr
     verbs = [verb(shlex.split(c)) for c in log.read_text().splitlines()
              if c.startswith("gcloud")]
-    assert verbs == ["create", "scp", "ssh", "storage cat", "ssh", "ssh", "delete"]
+    assert verbs == ["create", "describe", "scp", "ssh", "describe", "storage cat", "ssh",
+                     "describe", "ssh", "describe", "delete"]
 
 
 def start_launcher(argv: list[str], env: dict[str, str]) -> subprocess.Popen:
@@ -711,7 +724,8 @@ def test_all_stopped_by_sighup_between_checks_deletes_the_vm(tmp_path):
     assert "Traceback" not in err
     verbs = [verb(shlex.split(c)) for c in log.read_text().splitlines()
              if c.startswith("gcloud")]
-    assert verbs == ["create", "scp", "ssh", "storage cat", "ssh", "ssh", "delete"]
+    assert verbs == ["create", "describe", "scp", "ssh", "describe", "storage cat", "ssh",
+                     "describe", "ssh", "describe", "delete"]
 
 
 def test_setup_with_a_wheel_that_does_not_build_is_a_run_time_failure(tmp_path):
@@ -721,4 +735,5 @@ def test_setup_with_a_wheel_that_does_not_build_is_a_run_time_failure(tmp_path):
                       f"--dist_dir={tmp_path / 'd'}", env=env)
     assert proc.returncode == 1
     assert proc.stderr.splitlines()[-1] == "error: building the project wheel failed (exit 3)"
-    assert not log.exists()  # nothing copied
+    assert [verb(shlex.split(c)) for c in log.read_text().splitlines()] == [
+        "describe"]  # nothing copied
