@@ -8,6 +8,7 @@ it packs the installed files back into that wheel. One line says which.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -19,7 +20,7 @@ import pytest
 from launch import common as lc
 from launch.tpu import commands as tc
 from tests.helpers import REPO
-from tests.launch.helpers import (PYPROJECT, TPU_ARGS, WHEEL, clean_env, fake_program,
+from tests.launch.helpers import (PYPROJECT, RUN_ID, TPU_ARGS, WHEEL, clean_env, fake_program,
                                   run_script, tpu_plan)
 
 DF_ARGS = ["--project=p", "--region=us-central1", "--temp_location=gs://my-bucket/tmp",
@@ -57,7 +58,9 @@ def test_dist_dir_src_of_the_users_is_never_deleted(tmp_path, launcher, kind):
     python = recording_python(tmp_path)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    fake_program(bin_dir / "gcloud", "exit 0\n")
+    marked = json.dumps({"state": "READY", "labels": {tc.MARK_KEY: RUN_ID}})
+    fake_program(bin_dir / "gcloud",
+                 f"case \"$*\" in *describe*) echo '{marked}';; esac\nexit 0\n")
     env = clean_env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     if launcher == "dataflow":
         proc = run_script("launch_dataflow.py", *DF_ARGS, f"--python={python}",
@@ -85,7 +88,7 @@ def test_source_dir_builds_that_checkout(tmp_path):
     cfg, _ = tpu_plan("setup", f"--source_dir={checkout}", f"--dist_dir={tmp_path / 'd'}")
     assert cfg.wheel_source.root == checkout.resolve() and not cfg.wheel_source.installed
     pyproject = cfg.wheel_source.project()
-    build, scp, _ = tc.plan("setup", cfg, pyproject)
+    _describe, build, scp, _ = tc.plan("setup", cfg, pyproject)
     assert build[1:4] == ["-m", "pip", "wheel"]
     assert scp[5] == str(tmp_path / "d" / "mnist_tpu-9.9-py3-none-any.whl")
     assert cfg.wheel_source.line(pyproject) == (
@@ -162,9 +165,11 @@ def test_an_installed_launcher_stages_the_installed_distribution(installed, argv
 @pytest.mark.slow
 def test_an_installed_tpu_status_needs_no_checkout(installed):
     proc = run_installed(installed, "mnist-launch-tpu", "status", "--name=mnist-tpu",
-                         "--zone=us-central2-b", "--dry_run")
+                         "--zone=us-central2-b", "--run_id=test-run-1", "--dry_run")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("gcloud compute tpus tpu-vm ssh mnist-tpu ")
+    describe, ssh = proc.stdout.splitlines()[:2]
+    assert describe.startswith("gcloud compute tpus tpu-vm describe mnist-tpu ")
+    assert ssh.startswith("gcloud compute tpus tpu-vm ssh mnist-tpu ")
 
 
 @pytest.mark.slow
