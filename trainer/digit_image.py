@@ -4,8 +4,8 @@ MNIST's digits are white on black, 28x28: each was fitted into a 20x20 box
 keeping its aspect ratio, then placed so that its centre of mass is the
 image's centre. A model trained on them misreads a digit drawn black on
 white, or one that fills its canvas, so `to_mnist` makes any picture that
-form first: grayscale, the background found (the median of the border) and
-made black, the digit cropped, scaled into the 20x20 box and centred by mass.
+form first: grayscale, the background found (from the border) and made
+black, the digit cropped, scaled into the 20x20 box and centred by mass.
 `is_mnist_form` tells a picture that is already in that form, which is taken
 as it is.
 
@@ -90,23 +90,51 @@ def _ink(gray: np.ndarray) -> tuple[np.ndarray, tuple[int, int, int, int]]:
     """How much ink each pixel holds (0..1, background 0) and the digit's box
     ``(top, bottom, left, right)``.
 
-    The digit is what a threshold (Otsu's) separates from the background on
-    a 3x3-smoothed copy, which keeps sensor or paper noise out of it; the box
-    spans the ink but for the outermost 0.2% of its mass on each side, so a
+    The background is a plane fitted to the border (`_background`), so light
+    that falls across a photo is not taken for ink. The digit is what a
+    threshold (Otsu's) separates from it on a 3x3-smoothed copy, which keeps
+    sensor or paper noise out; the box spans the ink but for the outermost
+    0.2% of its mass on each side (and with the ink adjoining it), so a
     speck far away does not stretch it.
     """
-    smooth = _smooth(gray)
-    background = float(np.median(border(smooth)))
-    if float(smooth.max()) - background < MIN_CONTRAST:
+    above = gray - _background(gray)
+    smooth = _smooth(above)
+    if float(smooth.max()) < MIN_CONTRAST:
         raise NoDigit("no digit found: nothing stands out from the background")
-    threshold = max(_otsu(smooth), background + MIN_CONTRAST / 2)
-    digit = smooth > threshold
-    full = float(np.percentile(gray[digit], 95))
-    ink = np.clip((gray - background) / max(full - background, 1.0), 0.0, 1.0)
-    ink[smooth <= (background + threshold) / 2] = 0.0  # background noise
+    threshold = max(_otsu(np.clip(smooth, 0.0, 255.0)), MIN_CONTRAST / 2)
+    full = float(np.percentile(above[smooth > threshold], 99.9))
+    ink = np.clip(above / max(full, 1.0), 0.0, 1.0)
+    ink[smooth <= min(_noise_floor(smooth), threshold / 2)] = 0.0
     rows, cols = _span(ink.sum(axis=1)), _span(ink.sum(axis=0))
-    box = (rows[0], rows[1], cols[0], cols[1])
-    return ink, box
+    return ink, (rows[0], rows[1], cols[0], cols[1])
+
+
+def _noise_floor(smooth: np.ndarray) -> float:
+    """The level below which a pixel is background noise: 6 standard
+    deviations of the border's (robustly, from its median absolute deviation)."""
+    edge = border(smooth)
+    spread = 1.4826 * float(np.median(np.abs(edge - np.median(edge))))
+    return max(1.0, 6.0 * spread)
+
+
+def _background(gray: np.ndarray) -> np.ndarray:
+    """The background's level at each pixel: a plane fitted to the border's
+    pixels, fitted again without those far from it (a stroke that touches
+    the edge)."""
+    height, width = gray.shape
+    band = max(1, min(gray.shape) // 20)
+    edge = np.zeros(gray.shape, bool)
+    edge[:band], edge[-band:], edge[:, :band], edge[:, -band:] = True, True, True, True
+    rows, cols = np.nonzero(edge)
+    design = np.stack([np.ones(len(rows)), rows, cols], axis=1).astype(np.float64)
+    values = gray[edge].astype(np.float64)
+    keep = np.ones(len(values), bool)
+    for _ in range(2):
+        coef = np.linalg.lstsq(design[keep], values[keep], rcond=None)[0]
+        residual = np.abs(values - design @ coef)
+        keep = residual <= 3.0 * float(np.median(residual)) + 1.0
+    return (np.float32(coef[0]) + np.float32(coef[1]) * np.arange(height, dtype=np.float32)[:, None]
+            + np.float32(coef[2]) * np.arange(width, dtype=np.float32)[None, :])
 
 
 def _smooth(gray: np.ndarray) -> np.ndarray:
@@ -131,11 +159,17 @@ def _otsu(gray: np.ndarray) -> float:
 
 
 def _span(profile: np.ndarray) -> tuple[int, int]:
-    """``[first, last + 1)`` of a mass profile, less 0.2% of the mass at each end."""
+    """``[first, last + 1)`` of a mass profile less 0.2% of the mass at each
+    end, then widened over the ink that adjoins it (a faint edge of the digit,
+    not a speck apart from it)."""
     cumulative = np.cumsum(profile, dtype=np.float64)
     total = cumulative[-1]
     first = int(np.searchsorted(cumulative, 0.002 * total, side="right"))
     last = int(np.searchsorted(cumulative, 0.998 * total, side="left"))
+    while first > 0 and profile[first - 1] > 0:
+        first -= 1
+    while last + 1 < len(profile) and profile[last + 1] > 0:
+        last += 1
     return first, max(last + 1, first + 1)
 
 
