@@ -54,6 +54,36 @@ def check_data(data_dir: str) -> None:
         raise TrainerInputError(not_converted(data_dir))
 
 
+def check_run_paths(model_dir: str, data: str) -> None:
+    """The trainer's local ``--model_dir`` and ``--data``, in the order the run
+    checks them (`trainer.run.outputs.check_model_dir`, then the data), with
+    the same lines."""
+    if is_local(model_dir):
+        _check_model_dir_layout(model_dir, data)
+    check_data(data)
+
+
+def _check_model_dir_layout(model_dir: str, data: str) -> None:
+    """A local ``--model_dir``: apart from a local ``--data``, not a link to
+    nothing, not a file, its checkpoints/ and logs/ not files."""
+    if is_local(data):
+        a, b = os.path.realpath(model_dir), os.path.realpath(data)
+        overlap = ("is" if a == b else "is inside" if a.startswith(b + "/")
+                   else "holds" if b.startswith(a + "/") else "")
+        if overlap:
+            raise TrainerInputError(f"{model_dir}: --model_dir {overlap} --data ({data}); "
+                                    "the run's files would mix with the dataset's")
+    if os.path.islink(model_dir) and not os.path.exists(model_dir):
+        raise TrainerInputError(f"{model_dir}: --model_dir is a symbolic link to "
+                                f"{os.readlink(model_dir)}, which does not exist")
+    if os.path.exists(model_dir) and not os.path.isdir(model_dir):
+        raise TrainerInputError(f"{model_dir}: --model_dir is a file, not a folder")
+    for sub in ("checkpoints", "logs"):
+        path = contract.join_path(model_dir, sub)
+        if os.path.exists(path) and not os.path.isdir(path):
+            raise TrainerInputError(f"{path}: a file where the run keeps its {sub} folder")
+
+
 def check_model_dir(model_dir: str) -> None:
     """A local ``--model_dir`` for predict: it holds ``export/saved_model.pb``."""
     export = contract.join_path(model_dir, "export")
