@@ -133,8 +133,9 @@ def _background(gray: np.ndarray) -> np.ndarray:
         coef = np.linalg.lstsq(design[keep], values[keep], rcond=None)[0]
         residual = np.abs(values - design @ coef)
         keep = residual <= 3.0 * float(np.median(residual)) + 1.0
-    return (np.float32(coef[0]) + np.float32(coef[1]) * np.arange(height, dtype=np.float32)[:, None]
-            + np.float32(coef[2]) * np.arange(width, dtype=np.float32)[None, :])
+    base, per_row, per_col = (np.float32(c) for c in coef)
+    return (base + per_row * np.arange(height, dtype=np.float32)[:, None]
+            + per_col * np.arange(width, dtype=np.float32)[None, :])
 
 
 def _smooth(gray: np.ndarray) -> np.ndarray:
