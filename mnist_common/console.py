@@ -183,3 +183,20 @@ def import_tensorflow_quietly() -> None:
     with tensorflow_start():
         import tensorflow as tf
         tf.config.list_physical_devices()
+
+
+# The names of the modules a command may miss, as their projects spell them.
+_PACKAGE_NAMES = {"tensorflow": "TensorFlow", "tf_keras": "tf-keras", "numpy": "NumPy",
+                  "apache_beam": "Apache Beam", "tensorflow_datasets": "TensorFlow Datasets",
+                  "google": "google-cloud-storage", "mlxtend": "mlxtend"}
+
+
+def missing_package(error: ModuleNotFoundError, extra: str) -> str:
+    """The one line for a command started by a Python without its packages
+    (``python3`` instead of the project's ``.venv``): which package is
+    missing, for which interpreter, and the two ways to get it."""
+    match = re.search(r"No module named '([^']+)'", str(error))
+    module = (error.name or (match.group(1) if match else "?")).split(".")[0]
+    name = _PACKAGE_NAMES.get(module, f"the module {module!r}")
+    return (f"error: {name} is not installed for {sys.executable}; use .venv/bin/python "
+            f"(bash scripts/bootstrap.sh makes it) or pip install '.[{extra}]'")

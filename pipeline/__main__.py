@@ -5,7 +5,8 @@ flags are checked before Beam or TensorFlow is imported, so ``--help`` and
 bad values answer at once; the job then runs with the parsed options. A
 failure is one line ``error: ...`` and the exit status of the table in
 docs/README.md, "Exit status" (`mnist_common.console`, each `PipelineError`'s
-``exit_status``).
+``exit_status``); a Python without Beam or TensorFlow gets one line naming
+the package, exit 1.
 """
 
 import logging
@@ -58,7 +59,11 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     _configure_logging()
     with stop.handling_signals():
-        status = _main(argv)
+        try:
+            status = _main(argv)
+        except ModuleNotFoundError as e:  # a Python without the job's packages
+            print(console.missing_package(e, "pipeline"), file=sys.stderr)
+            status = console.FAILURE
         if stop.requested.is_set():
             stop.exit_at_once(status)
     return status

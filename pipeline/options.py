@@ -17,6 +17,7 @@ import argparse
 import dataclasses
 import functools
 import math
+import os
 import sys
 from typing import Any, Sequence
 
@@ -201,6 +202,27 @@ def check_values(args, leftover: Sequence[str] = ()) -> list[str]:
     return splits
 
 
+# The sources ``--source`` names rather than locates (`pipeline.source.sources.parse_source`).
+NAMED_SOURCES = ("mnist", "sample", "tfds", "synthetic:N")
+
+
+def check_source(source: str) -> None:
+    """A ``--source`` that is neither a named source nor an existing path but
+    is close to a name is a misspelling: refused, naming the source meant."""
+    if source in NAMED_SOURCES or source.startswith("synthetic:") or "://" in source:
+        return
+    if os.path.exists(source):
+        return
+    import difflib
+    close = difflib.get_close_matches(source.lower(), NAMED_SOURCES, n=1, cutoff=0.6)
+    if close:
+        meant = close[0]
+        if meant == "synthetic:N" and ":" in source:  # its count as given
+            meant = "synthetic:" + source.split(":", 1)[1]
+        raise FlagError(f"--source={source}: no such source or folder; did you mean "
+                        f"--source={meant}?")
+
+
 @dataclasses.dataclass(frozen=True)
 class Options:
     """One run's options: the job's flags, checked, and Beam's `PipelineOptions`.
@@ -258,6 +280,7 @@ def parse(argv: Sequence[str]) -> Options:
     """
     args, beam_args = parse_job_flags(argv)
     splits = check_values(args, beam_args)
+    check_source(args.source)
     beam_values = _beam_values(beam_args)
     credentials.require([args.output, args.source, *beam_locations(beam_values)],
                         beam_values.runner)

@@ -93,7 +93,10 @@ def test_trainer_rows(tmp_path, monkeypatch, capsys):
         raise TrainerError("no TPU behind --tpu=t")
     monkeypatch.setattr(cli, "_quiet_tensorflow_start", lambda config: None)
     monkeypatch.setattr(cli, "strategy_is_tpu", unreachable)
-    assert cli.main([*flags, "--preset=auto"]) == 1  # while choosing the preset: not a flag
+    (tmp_path / "converted").mkdir()  # a local --data is checked first, before TensorFlow
+    (tmp_path / "converted" / "manifest.json").write_text("{}")
+    assert cli.main([f"--data={tmp_path}/converted", f"--model_dir={tmp_path}/m",
+                     "--preset=auto"]) == 1  # while choosing the preset: not a flag
     assert capsys.readouterr().err.splitlines() == ["error: no TPU behind --tpu=t"]
     monkeypatch.undo()
     assert cli.main([*flags, "--preset=smoke"]) == 2  # the dataset: bad input

@@ -6,7 +6,9 @@ quietly), `trainer.train.train_and_evaluate`, one line of final metrics. Expecte
 failures (`TrainerError`) end with one line on stderr, no traceback, and the
 exit status of the table in docs/README.md, "Exit status"
 (`mnist_common.console`): a flag that `trainer.config` refuses is a bad flag
-(2). A stop on SIGTERM, SIGINT or
+(2). A local ``--model_dir`` and ``--data`` are checked before TensorFlow is
+imported (`trainer.local_paths`); a Python without TensorFlow gets one line
+naming it, exit 1. A stop on SIGTERM, SIGINT or
 SIGHUP (`trainer.run.preemption`), during training or outside it, ends with
 one line and exit status 128 + the signal's number.
 
@@ -29,6 +31,7 @@ import logging  # noqa: E402
 import sys  # noqa: E402
 from typing import NoReturn, Optional, Sequence  # noqa: E402
 
+from trainer import local_paths  # noqa: E402
 from trainer.config import TrainConfig, parse_flags, strategy_is_tpu  # noqa: E402
 from trainer.errors import TrainerError, TrainerInputError  # noqa: E402
 from trainer.run.preemption import ProcessSignals, Stopped  # noqa: E402
@@ -61,8 +64,10 @@ def _quiet_tensorflow_start(config: TrainConfig) -> None:
 
 
 def _on_tpu(flags: TrainConfig) -> bool:
-    """`trainer.config.strategy_is_tpu`, with TensorFlow started quietly first."""
+    """`trainer.config.strategy_is_tpu`, with TensorFlow started quietly first
+    (after a look at a local ``--data``, which needs no TensorFlow)."""
     try:
+        local_paths.check_run_paths(flags.model_dir, flags.data)
         _quiet_tensorflow_start(flags)
         return strategy_is_tpu(flags)
     except TrainerError as e:
@@ -111,6 +116,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     with ProcessSignals():  # a signal outside the training steps: one line, 128 + N
         try:
             config = _parse_flags(argv)
+            local_paths.check_run_paths(config.model_dir, config.data)  # before TensorFlow
             _quiet_tensorflow_start(config)
             from trainer.train import train_and_evaluate  # imports TensorFlow
             metrics = train_and_evaluate(config)
@@ -119,6 +125,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             if owns_process and e.after_training_began:
                 _end_process(e.exit_status)
             return e.exit_status
+        except ModuleNotFoundError as e:  # a Python without the trainer's packages
+            print(console.missing_package(e, "trainer"), file=sys.stderr)
+            return console.FAILURE
         except Stopped as e:
             print(e, file=sys.stderr)
             if owns_process:

@@ -1,26 +1,35 @@
-"""``python -m trainer.predict --model_dir=DIR (IMAGE.png ... | --data=DIR --split=test)``.
+"""``python -m trainer.predict --model_dir=DIR (IMAGE ... [--raw] | --data=DIR --split=test)``.
 
 Runs the trainer's export (``MODEL_DIR/export``, see `trainer.model.export`)
 through its ``serving_default`` signature, the way a server would: raw
 uint8 pixels in, ``probabilities`` and ``class`` out.
 
-* PNG files: each must be a 28x28 grayscale image of at most 8 bits per
-  pixel, white digit on black like MNIST (colour, alpha and 16-bit PNGs are
-  refused, naming their mode: no conversion guesses how a digit was drawn).
-  One line per file:
+* Image files, PNG or JPEG, of one digit each, of any size and drawn either
+  way round: each is made MNIST's form (`trainer.digit_image`: grayscale,
+  white digit on black, fitted in 20x20 and centred by mass in 28x28), with
+  a line on stderr saying what was done (``note: FILE: 480x640 JPEG:
+  grayscale, inverted ...``); a 28x28 grayscale picture on a dark
+  background is MNIST's form already and is taken as it is. ``--raw`` takes
+  MNIST's exact pixels only: 28x28 grayscale PNGs of at most 8 bits per
+  pixel (colour, alpha and 16-bit PNGs are refused, naming their mode). The
+  size is read from the file's header before decoding. One line per file:
   ``FILE class=7 probability=0.9991``.
 * ``--data=DIR --split=test [--limit=N]``: the conversion job's output,
   read by the trainer's own input code (`trainer.data.input_pipeline`: manifest, file
   checks, decoding) and ``tf.data``, so a ``gs://`` prefix works too. One
-  line per example (``index=12 label=7 class=7 probability=0.9991``), then
-  ``accuracy=0.9870 (987/1000) on split test``.
+  line per example in the order of the split's files (the job shuffles the
+  examples, so the indexes come in no order): ``index=589 label=5 class=5
+  probability=0.9991``, then ``accuracy=0.9870 (987/1000) on split test``.
 
 As the trainer's, the command prints only its own lines: TensorFlow's C++
 start-up lines are dropped (`mnist_common.console`). Every path goes through
-``tf.io.gfile``. A problem (no export, a file that is not a 28x28 PNG, no
-manifest, an unknown split) ends with one line ``error: FILE: problem`` and
-the exit status of the table in docs/README.md, "Exit status"
-(`TrainerError.exit_status`); lines already printed stay. Ctrl-C, SIGTERM
+``tf.io.gfile``; local paths are checked first, before TensorFlow is
+imported (`trainer.local_paths`), so a mistyped one answers at once. A
+problem (no export, an image file that cannot be read or holds no digit, a
+FIFO given as an image, no manifest, an unknown split) ends with one line
+``error: FILE: problem`` and the exit status of the table in docs/README.md,
+"Exit status" (`TrainerError.exit_status`); lines already printed stay; a
+Python without TensorFlow gets one line naming it, exit 1. Ctrl-C, SIGTERM
 and SIGHUP end it with one line ``error: predict: stopped by SIGTERM``
 and 128+N (`mnist_common.console.exit_on_signals`).
 """
@@ -33,6 +42,63 @@ from typing import Iterator, Optional, Sequence
 
 from mnist_common import console
 from mnist_common.flags import OneLineParser
+from trainer import local_paths
+from trainer.errors import TrainerError
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    p = OneLineParser(
+        prog="python -m trainer.predict", allow_abbrev=False,
+        description="Predict digits with a trained model's export: image files, or a "
+                    "split of the conversion job's output (then also the accuracy).")
+    p.add_argument("--model_dir", required=True, help="the trainer's --model_dir")
+    p.add_argument("images", nargs="*",
+                   help="PNG or JPEG files of one digit each (local or gs://), of any size, "
+                        "drawn either way round: each is made MNIST's form (grayscale, "
+                        "white digit on black, fitted in 20x20 and centred by mass in "
+                        "28x28) and a line on stderr says how; a 28x28 grayscale picture "
+                        "on a dark background is taken as it is")
+    p.add_argument("--raw", action="store_true",
+                   help="take the files as MNIST's exact pixels: 28x28 grayscale PNGs "
+                        "(at most 8 bits), white on black, refusing anything else")
+    p.add_argument("--data", help="the conversion job's output directory")
+    p.add_argument("--split", default="test", help="with --data (default: test)")
+    p.add_argument("--limit", type=int, default=None,
+                   help="with --data: only the first N examples")
+    args = p.parse_args(argv)
+    if bool(args.images) == bool(args.data):
+        p.error("give image files or --data, not both / neither")
+    if args.limit is not None and args.limit < 1:
+        p.error(f"--limit must be >= 1, not {args.limit}")
+    if args.raw and args.data:
+        p.error("--raw is for image files, not --data")
+    return args
+
+
+def check_paths(args: argparse.Namespace) -> None:
+    """The local paths, before TensorFlow loads (`trainer.local_paths`)."""
+    local_paths.check_model_dir(args.model_dir)
+    if args.data:
+        local_paths.check_data(args.data)
+    for path in args.images:
+        local_paths.check_image(path)
+
+
+def _start() -> None:
+    """The command's start: flags and local paths checked, then TensorFlow
+    imported quietly; a problem ends the process with its one line."""
+    try:
+        check_paths(parse_args(None))
+    except TrainerError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(e.exit_status)
+    console.use_tf_keras()
+    try:
+        console.import_tensorflow_quietly()
+    except ModuleNotFoundError as e:
+        print(console.missing_package(e, "trainer"), file=sys.stderr)
+        sys.exit(console.FAILURE)
+
 
 if __name__ == "__main__":  # the command, not an import: before TensorFlow loads
     # Ctrl-C, SIGTERM and SIGHUP end the command with one line and 128+N from
@@ -41,15 +107,16 @@ if __name__ == "__main__":  # the command, not an import: before TensorFlow load
     # keeps the generator, whose collection would leave it).
     _STOP_ON_SIGNALS = console.exit_on_signals("predict")
     _STOP_ON_SIGNALS.__enter__()
-    console.use_tf_keras()
-    console.import_tensorflow_quietly()
+    _start()
 
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from google.protobuf.message import DecodeError  # noqa: E402
 
 import mnist_contract as contract  # noqa: E402
+from trainer import digit_image  # noqa: E402
 from trainer.data import input_pipeline, splits  # noqa: E402
-from trainer.errors import TrainerError, TrainerInputError, summarize_error  # noqa: E402
+from trainer.errors import TrainerInputError, summarize_error  # noqa: E402
 from trainer.model.export import SIGNATURE_INPUT  # noqa: E402
 from trainer.run import outputs  # noqa: E402
 
@@ -71,6 +138,10 @@ def load_signature(model_dir: str):
     except (tf.errors.OpError, ValueError) as e:
         raise TrainerInputError(f"{path}: cannot load the SavedModel "
                                 f"({summarize_error(e)})") from None
+    except (OSError, DecodeError) as e:  # TensorFlow's word for a protobuf it cannot parse
+        why = str(e).rsplit(": ", 1)[-1].rstrip(".")
+        raise TrainerInputError(f"{contract.join_path(path, 'saved_model.pb')}: not a "
+                                f"SavedModel ({why})") from None
     if "serving_default" not in loaded.signatures:
         raise TrainerInputError(f"{path}: no serving_default signature")
     return loaded.signatures["serving_default"]
@@ -85,20 +156,12 @@ def predict(signature, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def read_png(path: str) -> np.ndarray:
-    """A 28x28x1 uint8 image from a PNG file.
+    """A 28x28x1 uint8 image from a PNG file, its pixels as they are (``--raw``).
 
     A file that is missing or is not such a PNG is bad input; one the storage
     fails to read is a failure at run time.
     """
-    try:
-        if tf.io.gfile.isdir(path):
-            raise TrainerInputError(f"{path}: a directory, not a PNG file")
-        with tf.io.gfile.GFile(path, "rb") as f:
-            blob = f.read()
-    except tf.errors.NotFoundError as e:
-        raise TrainerInputError(f"{path}: cannot read ({summarize_error(e)})") from None
-    except tf.errors.OpError as e:
-        raise TrainerError(f"{path}: cannot read ({summarize_error(e)})") from None
+    blob = _read_bytes(path)
     _check_png_header(path, blob)
     try:
         image = tf.io.decode_png(blob, channels=contract.IMAGE_CHANNELS).numpy()
@@ -108,6 +171,65 @@ def read_png(path: str) -> np.ndarray:
     if image.shape != contract.IMAGE_SHAPE:
         _refuse_size(path, image.shape[0], image.shape[1])
     return image
+
+
+# A larger picture is refused before decoding: 40 megapixels decode to 160 MB
+# of RGBA, and a phone's photo has 12 to 24.
+MAX_PIXELS = 40_000_000
+
+
+def read_image(path: str) -> tuple[np.ndarray, str]:
+    """A 28x28x1 uint8 image from a PNG or JPEG of one digit, and what was done
+    to make it MNIST's form (`trainer.digit_image`); "" for a picture already
+    in that form, taken as it is."""
+    blob = _read_bytes(path)
+    height, width, kind = _image_size(path, blob)
+    if height * width > MAX_PIXELS:
+        raise TrainerInputError(f"{path}: image is {height}x{width} (height x width), over "
+                                f"{MAX_PIXELS // 1_000_000} megapixels; scale it down first")
+    try:
+        pixels = tf.io.decode_image(blob, channels=0, dtype=tf.uint8,
+                                    expand_animations=False).numpy()
+    except tf.errors.OpError as e:
+        raise TrainerInputError(f"{path}: cannot decode the {kind} "
+                                f"({summarize_error(e)})") from None
+    if digit_image.is_mnist_form(pixels):
+        return pixels.reshape(contract.IMAGE_SHAPE), ""
+    try:
+        prepared = digit_image.to_mnist(pixels)
+    except digit_image.NoDigit as e:
+        raise TrainerInputError(f"{path}: {e}") from None
+    return prepared.image, f"{path}: {height}x{width} {kind}: {prepared.note}"
+
+
+def _image_size(path: str, blob: bytes) -> tuple[int, int, str]:
+    """``(height, width, "PNG" or "JPEG")`` from the file's header, not decoded."""
+    if blob.startswith(b"\x89PNG\r\n\x1a\n"):
+        if len(blob) < 26 or blob[12:16] != b"IHDR":
+            raise TrainerInputError(f"{path}: not a PNG file (no IHDR header)")
+        return int.from_bytes(blob[20:24], "big"), int.from_bytes(blob[16:20], "big"), "PNG"
+    if blob.startswith(b"\xff\xd8\xff"):
+        try:
+            height, width, _ = (int(n) for n in tf.io.extract_jpeg_shape(blob).numpy())
+        except tf.errors.OpError as e:
+            raise TrainerInputError(f"{path}: cannot decode the JPEG "
+                                    f"({summarize_error(e)})") from None
+        return height, width, "JPEG"
+    raise TrainerInputError(f"{path}: not a PNG or JPEG file")
+
+
+def _read_bytes(path: str) -> bytes:
+    """The file's bytes: missing is bad input, a storage failure is not."""
+    local_paths.check_image(path)  # a FIFO would block the read for ever
+    try:
+        if tf.io.gfile.isdir(path):
+            raise TrainerInputError(f"{path}: a directory, not a PNG file")
+        with tf.io.gfile.GFile(path, "rb") as f:
+            return f.read()
+    except tf.errors.NotFoundError as e:
+        raise TrainerInputError(f"{path}: cannot read ({summarize_error(e)})") from None
+    except tf.errors.OpError as e:
+        raise TrainerError(f"{path}: cannot read ({summarize_error(e)})") from None
 
 
 # PNG colour types (the IHDR header's byte after the bit depth) and their names.
@@ -178,34 +300,26 @@ def evaluate_split(signature, data_dir: str, split: str, limit: Optional[int],
     return correct, total
 
 
-def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
-    p = OneLineParser(
-        prog="python -m trainer.predict", allow_abbrev=False,
-        description="Predict digits with a trained model's export: PNG files, or a "
-                    "split of the conversion job's output (then also the accuracy).")
-    p.add_argument("--model_dir", required=True, help="the trainer's --model_dir")
-    p.add_argument("images", nargs="*", help="28x28 PNG files (local or gs://)")
-    p.add_argument("--data", help="the conversion job's output directory")
-    p.add_argument("--split", default="test", help="with --data (default: test)")
-    p.add_argument("--limit", type=int, default=None,
-                   help="with --data: only the first N examples")
-    args = p.parse_args(argv)
-    if bool(args.images) == bool(args.data):
-        p.error("give PNG files or --data, not both / neither")
-    if args.limit is not None and args.limit < 1:
-        p.error(f"--limit must be >= 1, not {args.limit}")
-    return args
+def predict_images(signature, paths: Sequence[str], raw: bool) -> None:
+    """A line per file on stdout, after a line on stderr for each file made MNIST's form."""
+    images = []
+    for path in paths:
+        image, note = (read_png(path), "") if raw else read_image(path)
+        if note:
+            print(f"note: {note}", file=sys.stderr)
+        images.append(image)
+    classes, probs = predict(signature, np.stack(images))
+    for path, cls, p in zip(paths, classes, probs):
+        print(f"{path} class={cls} probability={p:.4f}")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     try:
+        check_paths(args)
         signature = load_signature(args.model_dir)
         if args.images:
-            images = np.stack([read_png(path) for path in args.images])
-            classes, probs = predict(signature, images)
-            for path, cls, p in zip(args.images, classes, probs):
-                print(f"{path} class={cls} probability={p:.4f}")
+            predict_images(signature, args.images, args.raw)
             return console.OK
         correct, total = evaluate_split(signature, args.data, args.split, args.limit)
     except TrainerError as e:
@@ -214,7 +328,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return e.exit_status
     print(f"accuracy={correct / total:.4f} ({correct}/{total}) on split {args.split}")
     return console.OK
-
 
 if __name__ == "__main__":
     sys.exit(main())

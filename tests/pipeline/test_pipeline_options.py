@@ -196,3 +196,22 @@ def test_options_are_frozen_and_resolve_the_runner():
     assert parsed.data_source.description.startswith("MNIST IDX files at https://")
     with pytest.raises(AttributeError):
         parsed.output = "elsewhere"
+
+
+@pytest.mark.parametrize("source, meant", [
+    ("sampel", "sample"), ("MNIST", "mnist"), ("tdfs", "tfds"),
+    ("synthetc:10", "synthetic:10")])
+def test_a_misspelled_source_names_the_source_meant(source, meant, capsys):
+    """Not a path, close to a named source: one line with the name, before Beam, exit 2."""
+    assert main([f"--output={source}-out", f"--source={source}"]) == 2
+    assert capsys.readouterr().err == (f"error: --source={source}: no such source or "
+                                       f"folder; did you mean --source={meant}?\n")
+
+
+def test_a_folder_named_like_a_source_is_a_folder(tmp_path, monkeypatch):
+    """An existing path is the folder of IDX files it names, however spelt."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sampel").mkdir()
+    options.check_source("sampel")
+    with pytest.raises(options.FlagError):
+        options.check_source("sampl")

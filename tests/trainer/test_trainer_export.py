@@ -210,13 +210,14 @@ def test_predict_pngs_and_errors(exported, tmp_path, capsys):
     (tmp_path / "big.png").write_bytes(tf.io.encode_png(np.zeros([32, 28, 1], np.uint8)).numpy())
     (tmp_path / "text.png").write_text("not an image")
     (tmp_path / "rgba.png").write_bytes(tf.io.encode_png(np.zeros([28, 28, 4], np.uint8)).numpy())
-    for args, message in [
-        ([paths[0], str(tmp_path / "rgba.png")],
+    for args, message in [  # --raw: the exact 28x28 path, which refuses other sizes and modes
+        (["--raw", paths[0], str(tmp_path / "rgba.png")],
          f"error: {tmp_path}/rgba.png: PNG mode RGBA, 8 bits per sample; expected grayscale "
          "of at most 8 bits"),
-        ([str(tmp_path / "big.png")],
+        (["--raw", str(tmp_path / "big.png")],
          f"error: {tmp_path}/big.png: image is 32x28 (height x width), expected 28x28"),
-        ([str(tmp_path / "text.png")], f"error: {tmp_path}/text.png: not a PNG file"),
+        (["--raw", str(tmp_path / "text.png")], f"error: {tmp_path}/text.png: not a PNG file"),
+        ([str(tmp_path / "text.png")], f"error: {tmp_path}/text.png: not a PNG or JPEG file"),
         ([str(tmp_path / "missing.png")], f"error: {tmp_path}/missing.png: cannot read"),
     ]:
         assert predict.main([f"--model_dir={model_dir}", *args]) == 2  # bad input

@@ -14,6 +14,7 @@ import dataclasses
 import tensorflow as tf
 
 import mnist_contract as contract
+from trainer import local_paths
 from trainer.data import checks
 from trainer.errors import TrainerError, TrainerInputError, summarize_error
 
@@ -39,9 +40,7 @@ def read_manifest(data_dir: str) -> tuple[contract.Manifest, bytes]:
     if interrupted:
         raise TrainerInputError(contract.interrupted_publish_message(journal, b""))
     if not has_manifest:
-        raise TrainerInputError(
-            f"{path}: no {contract.MANIFEST_FILE} (not a complete pipeline output; "
-            "the pipeline writes it last)")
+        raise TrainerInputError(local_paths.not_converted(data_dir))
     try:
         with tf.io.gfile.GFile(path, "rb") as f:
             raw = f.read()
