@@ -8,7 +8,9 @@ exit status of the table in docs/README.md, "Exit status"
 (`mnist_common.console`): a flag that `trainer.config` refuses is a bad flag
 (2). A stop on SIGTERM, SIGINT or
 SIGHUP (`trainer.run.preemption`), during training or outside it, ends with
-one line and exit status 128 + the signal's number.
+one line and exit status 128 + the signal's number; the line says how to
+resume: rerun the same command, or the command ``TRAINER_RESUME_COMMAND``
+names (a wrapper's, e.g. ``RESUME=1 bash scripts/run_local.sh``).
 
 TensorFlow's C++ start-up lines are dropped (`mnist_common.console`); the
 level ``TF_CPP_MIN_LOG_LEVEL`` (default 2, errors only) decides what
@@ -31,6 +33,7 @@ from typing import NoReturn, Optional, Sequence  # noqa: E402
 
 from trainer.config import TrainConfig, parse_flags, strategy_is_tpu  # noqa: E402
 from trainer.errors import TrainerError, TrainerInputError  # noqa: E402
+from trainer.run import preemption  # noqa: E402
 from trainer.run.preemption import ProcessSignals, Stopped  # noqa: E402
 
 
@@ -110,6 +113,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.getLogger("trainer").setLevel(logging.INFO)
     with ProcessSignals():  # a signal outside the training steps: one line, 128 + N
         try:
+            preemption.resume_with(preemption.resume_command(os.environ))
             config = _parse_flags(argv)
             _quiet_tensorflow_start(config)
             from trainer.train import train_and_evaluate  # imports TensorFlow
