@@ -66,26 +66,6 @@ from trainer.errors import TrainerInputError
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 EXIT_STATUS = {signum: console.stopped_by(signum) for signum in SIGNALS}
-
-
-class Stopped(Exception):
-    """Training stopped on a signal; the message is the one line to print."""
-
-    def __init__(self, signum: int, message: str):
-        super().__init__(message)
-        self.exit_status = EXIT_STATUS[signum]
-
-    @classmethod
-    def saved(cls, signum: int, here: bool, step: str, checkpoint: str) -> "Stopped":
-        """A stop after saving ``checkpoint`` at ``step`` (``N/TOTAL``); ``here``:
-        the signal came to this process, not to another worker."""
-        resume = ("rerun the same command to resume" if _resume_command is None
-                  else f"to resume, run: {_resume_command}")
-        return cls(signum, f"{signal.Signals(signum).name} received"
-                           f"{'' if here else ' by another worker'}: stopped at step "
-                           f"{step}, saved {checkpoint}; {resume}")
-
-
 _resume_command: Optional[str] = None  # `resume_with`'s; None: the same command
 # The command line's setting of `resume_with`: one line, the command to print.
 RESUME_COMMAND_ENV = "TRAINER_RESUME_COMMAND"
@@ -118,6 +98,24 @@ def _rerun_resumes(since: str) -> str:
     if _resume_command is None:
         return f"a rerun resumes from {since}"
     return f"to resume from {since}, run: {_resume_command}"
+
+
+class Stopped(Exception):
+    """Training stopped on a signal; the message is the one line to print."""
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(message)
+        self.exit_status = EXIT_STATUS[signum]
+
+    @classmethod
+    def saved(cls, signum: int, here: bool, step: str, checkpoint: str) -> "Stopped":
+        """A stop after saving ``checkpoint`` at ``step`` (``N/TOTAL``); ``here``:
+        the signal came to this process, not to another worker."""
+        resume = ("rerun the same command to resume" if _resume_command is None
+                  else f"to resume, run: {_resume_command}")
+        return cls(signum, f"{signal.Signals(signum).name} received"
+                           f"{'' if here else ' by another worker'}: stopped at step "
+                           f"{step}, saved {checkpoint}; {resume}")
 
 
 def _install(handler) -> dict:
