@@ -43,6 +43,19 @@ if [[ "${1:-}" == "--help" || "${1:-}" == "-h" ]]; then
   exit 0
 fi
 
+# The command that resumes this run, for the trainer's line when a signal
+# stops it (TRAINER_RESUME_COMMAND): this script's, with RESUME=1 and the
+# settings and arguments given (a rerun without RESUME=1 starts over).
+resume_command() {  # ARGS...: the script's arguments
+  local words=(RESUME=1) name
+  for name in PYTHON DATA LOOP MODEL_DIR EPOCHS; do
+    if [[ -n "${!name:-}" ]]; then words+=("$name=${!name}"); fi
+  done
+  words+=(bash "$0" "$@")
+  printf '%q ' "${words[@]}" | sed 's/ $//'
+}
+RESUME_COMMAND="$(resume_command "$@")"
+
 # shellcheck source=scripts/bootstrap.sh
 source scripts/bootstrap.sh
 LOOP="${LOOP:-keras}"
@@ -143,17 +156,35 @@ if [[ "${RESUME:-0}" != 1 ]]; then
 fi
 claim DATA "$DATA"
 claim MODEL_DIR "$MODEL_DIR"
-if [[ "${RESUME:-0}" != 1 ]]; then
-  if made_here "$MODEL_DIR"; then
-    rm -rf -- "$MODEL_DIR"
-  fi
-fi
 overwrite=()
 if made_here "$DATA"; then
   overwrite=(--overwrite)
 fi
 mark "$DATA"
 mark "$MODEL_DIR"
+# A previous run in MODEL_DIR (RESUME=0: a folder made here holding more
+# than the marker) is replaced once the pipeline has succeeded, right before
+# the new training starts: a stop or a failure before that leaves it as it was.
+holds_a_run() {  # FOLDER: made here, with more in it than the marker
+  local entry
+  made_here "$1" || return 1
+  for entry in "$1"/* "$1"/.[!.]* "$1"/..?*; do
+    if [[ -e "$entry" || -L "$entry" ]] && [[ "${entry##*/}" != "$MARKER" ]]; then
+      return 0
+    fi
+  done
+  return 1
+}
+replace_previous_run=0
+if [[ "${RESUME:-0}" != 1 ]] && holds_a_run "$MODEL_DIR"; then
+  replace_previous_run=1
+fi
+replace_model_dir() {
+  if ((replace_previous_run)); then
+    rm -rf -- "$MODEL_DIR"
+    mark "$MODEL_DIR"
+  fi
+}
 
 # Each step runs as its own job, and a SIGINT, SIGTERM or SIGHUP this script
 # receives (a terminal's Ctrl-C reaches this script alone) is passed on to it:
@@ -193,5 +224,7 @@ echo "== pipeline: offline sample -> $DATA" >&2
 step "$PYTHON" -m pipeline --source=sample --output="$DATA" \
   --runner=DirectRunner ${overwrite[@]+"${overwrite[@]}"}
 
+replace_model_dir
 echo "== trainer: $DATA -> $MODEL_DIR (loop=$LOOP)" >&2
+export TRAINER_RESUME_COMMAND="$RESUME_COMMAND"
 step "$PYTHON" -m trainer "${TRAINER_FLAGS[@]}"

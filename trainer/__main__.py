@@ -10,7 +10,9 @@ exit status of the table in docs/README.md, "Exit status"
 imported (`trainer.local_paths`); a Python without TensorFlow gets one line
 naming it, exit 1. A stop on SIGTERM, SIGINT or
 SIGHUP (`trainer.run.preemption`), during training or outside it, ends with
-one line and exit status 128 + the signal's number.
+one line and exit status 128 + the signal's number; the line says how to
+resume: rerun the same command, or the command ``TRAINER_RESUME_COMMAND``
+names (a wrapper's, e.g. ``RESUME=1 bash scripts/run_local.sh``).
 
 TensorFlow's C++ start-up lines are dropped (`mnist_common.console`); the
 level ``TF_CPP_MIN_LOG_LEVEL`` (default 2, errors only) decides what
@@ -34,6 +36,7 @@ from typing import NoReturn, Optional, Sequence  # noqa: E402
 from trainer import local_paths  # noqa: E402
 from trainer.config import TrainConfig, parse_flags, strategy_is_tpu  # noqa: E402
 from trainer.errors import TrainerError, TrainerInputError  # noqa: E402
+from trainer.run import preemption  # noqa: E402
 from trainer.run.preemption import ProcessSignals, Stopped  # noqa: E402
 
 
@@ -115,6 +118,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.getLogger("trainer").setLevel(logging.INFO)
     with ProcessSignals():  # a signal outside the training steps: one line, 128 + N
         try:
+            preemption.resume_with(preemption.resume_command(os.environ))
             config = _parse_flags(argv)
             local_paths.check_run_paths(config.model_dir, config.data)  # before TensorFlow
             _quiet_tensorflow_start(config)

@@ -5,14 +5,17 @@ to a stand-in that records its arguments, so no pipeline or trainer runs:
 only the script's own decision about MODEL_DIR is under test. A folder with
 a file in it, the checkout itself and a home folder are refused with one
 line and left as they were; a folder the script made (its marker file) is
-replaced. (DATA: test_run_local_data.py.)
+replaced once the new run's pipeline has succeeded. (DATA:
+test_run_local_data.py.)
 """
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
-from tests.scripts.run_local_helpers import MARKER, calls, run_local, tree
+from tests.scripts.run_local_helpers import MARKER, calls, run_local, start_blocked_run, tree
 
 
 def refused(result, model_dir) -> None:
@@ -69,3 +72,20 @@ def test_the_default_model_dir_and_resume(checkout, tmp_path):
     resumed = run_local(checkout, kept, RESUME="1")
     assert resumed.returncode == 0, resumed.stderr
     assert sorted(p.name for p in kept.iterdir()) == ["ckpt"]  # kept, not marked
+
+
+def test_a_stop_during_the_pipeline_leaves_the_previous_run(checkout, tmp_path,
+                                                            blocked_runs):
+    """A rerun replaces the previous run only once its pipeline has succeeded:
+    Ctrl-C while the shards are made leaves the previous model as it was."""
+    model_dir = tmp_path / "model"
+    assert run_local(checkout, model_dir).returncode == 0
+    (model_dir / "checkpoints").mkdir()
+    (model_dir / "checkpoints" / "ckpt-31.index").write_text("the previous run")
+    (model_dir / "metrics.json").write_text("{}")
+    before = tree(model_dir)
+    rerun = start_blocked_run(checkout, tmp_path, model_dir, blocked_runs)
+    rerun.send_signal(signal.SIGINT)
+    assert rerun.wait(timeout=60) == 128 + signal.SIGINT, rerun.communicate()
+    assert tree(model_dir) == before
+    assert not [c for c in calls(tmp_path) if c.startswith("-m trainer")][1:]  # no new one

@@ -15,7 +15,10 @@ saves a checkpoint of that step with the run's history, and raises
 `Stopped`; the command line prints one line and exits with `EXIT_STATUS`
 (`mnist_common.console.stopped_by`: 128 + the signal number, as a shell
 reports a process the signal ended). Rerunning the same command resumes
-from that checkpoint exactly as after a kill. `ProcessSignals`, which the
+from that checkpoint exactly as after a kill; a command that starts the
+trainer for its user and starts over when rerun (`scripts/run_local.sh`)
+names the command that resumes instead (`resume_with`), and the lines say
+that one. `ProcessSignals`, which the
 command line installs for its whole run, ends the process at once, with one
 line and that status, on a signal outside the training steps (nothing to
 save: no step was trained since the last checkpoint, or training is
@@ -56,12 +59,45 @@ import contextlib
 import os
 import signal
 import threading
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 from mnist_common import console
+from trainer.errors import TrainerInputError
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 EXIT_STATUS = {signum: console.stopped_by(signum) for signum in SIGNALS}
+_resume_command: Optional[str] = None  # `resume_with`'s; None: the same command
+# The command line's setting of `resume_with`: one line, the command to print.
+RESUME_COMMAND_ENV = "TRAINER_RESUME_COMMAND"
+
+
+def resume_command(environ: Mapping[str, str]) -> Optional[str]:
+    """`RESUME_COMMAND_ENV`'s value in ``environ`` (None: unset), checked as a
+    flag is: empty or more than one line raises `TrainerInputError`."""
+    command = environ.get(RESUME_COMMAND_ENV)
+    if command is None:
+        return None
+    if not command.strip() or not command.isprintable():
+        raise TrainerInputError(f"{RESUME_COMMAND_ENV}={command!r}: expected the command "
+                                "that resumes this run, on one line")
+    return command.strip()
+
+
+def resume_with(command: Optional[str]) -> None:
+    """The stop lines name ``command`` as the one that resumes (None: a rerun
+    of the same command). The command line sets it from `RESUME_COMMAND_ENV`:
+    a wrapper that starts over when rerun knows how it resumes, the trainer
+    does not."""
+    global _resume_command
+    _resume_command = command
+
+
+def _rerun_resumes(since: str) -> str:
+    """``a rerun resumes from SINCE``, or with `resume_with`'s command: ``to
+    resume from SINCE, run: COMMAND``."""
+    if _resume_command is None:
+        return f"a rerun resumes from {since}"
+    return f"to resume from {since}, run: {_resume_command}"
 
 
 class Stopped(Exception):
@@ -75,9 +111,11 @@ class Stopped(Exception):
     def saved(cls, signum: int, here: bool, step: str, checkpoint: str) -> "Stopped":
         """A stop after saving ``checkpoint`` at ``step`` (``N/TOTAL``); ``here``:
         the signal came to this process, not to another worker."""
+        resume = ("rerun the same command to resume" if _resume_command is None
+                  else f"to resume, run: {_resume_command}")
         return cls(signum, f"{signal.Signals(signum).name} received"
                            f"{'' if here else ' by another worker'}: stopped at step "
-                           f"{step}, saved {checkpoint}; rerun the same command to resume")
+                           f"{step}, saved {checkpoint}; {resume}")
 
 
 def _install(handler) -> dict:
@@ -122,7 +160,7 @@ class ProcessSignals:
             self.pending = signum
             return
         self.end(signum, f"{signal.Signals(signum).name} received outside the training "
-                         "steps: stopped; a rerun resumes from the last checkpoint, if any")
+                         f"steps: stopped; {_rerun_resumes('the last checkpoint, if any')}")
 
     def end(self, signum: int, message: str) -> None:
         """Prints ``message``, runs the cleanups (newest first), exits 128 + ``signum``.
@@ -220,7 +258,7 @@ class StopSignals:
     def _handle(self, signum: int, frame) -> None:
         if self.received is not None:  # asked twice: stop now, without a checkpoint
             message = (f"{signal.Signals(signum).name} received twice: stopped without "
-                       "saving; a rerun resumes from the last checkpoint")
+                       f"saving; {_rerun_resumes('the last checkpoint')}")
             if _process is None:  # in a Python program: its exception, its choice
                 raise Stopped(signum, message)
             _process.end(signum, message)
