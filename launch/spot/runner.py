@@ -83,6 +83,9 @@ class RunCounts:
         self.setup_rc: int | None = None
         self.failures, self.failing_since = 0, None  # describe and ssh calls
         self.refusals, self.refused_since = 0, None  # creates
+        # A create or a trainer start that answered done, and whose VM or
+        # trainer no describe or status check has shown since.
+        self.created_unseen = self.started_unseen = False
         self.wheel_built = False
         self.ending = False
         self.cadence = trainer_cadence(cfg)
@@ -96,7 +99,7 @@ class RunCounts:
                         refused_seconds=since(self.refused_since),
                         retry_seconds=self.cfg.retry_seconds,
                         elapsed=self.clock() - self.started,
-                        wait_timeout=self.cfg.wait_timeout)
+                        wait_timeout=self.cfg.wait_timeout, queued=self.cfg.queued)
 
     def _failed(self) -> None:
         self.failures += 1
@@ -119,24 +122,29 @@ class RunEnds(RunCounts):
     def _remove(self) -> None:
         """Deletes the VM and returns once describe says it is gone; retried
         for ``--retry_seconds``, then `RunError` (255) naming the VM left.
-        ``deleted`` is reported only when there was a VM to delete."""
+        A delete that answers done is followed by one describe at once; a
+        VM still there then waits a backoff before the next delete, so a
+        cloud that answers done and keeps the VM is not asked in a tight
+        loop. ``deleted`` is reported only when there was a VM to delete."""
         deadline = self.clock() + self.cfg.retry_seconds
-        failures, existed = 0, False
+        failures, existed, deleted = 0, False, False
         while True:
             state = self.cloud.vm_state()
             if state == sd.GONE:
                 break
             existed = existed or state != sd.UNKNOWN
-            if state != "DELETING":
-                rc, out, err = self.cloud.delete()
-                existed = existed or rc == 0
-                if rc == 0 or "NOT_FOUND" in err:
-                    continue
-                failures += 1
             if self.clock() > deadline:
                 raise RunError(console.LOST, f"{self.cfg.name} could not be deleted in "
                                f"{self.cfg.retry_seconds:g} s (--retry_seconds); delete it "
                                "yourself: " + " ".join(tc.delete_commands(self.cfg)[0]))
+            if state != "DELETING" and not deleted:
+                rc, out, err = self.cloud.delete()
+                existed = existed or rc == 0
+                deleted = rc == 0 or "NOT_FOUND" in err
+                failures += not deleted
+                if deleted:  # gcloud's delete waits for the operation: look at once
+                    continue
+            deleted = False
             self.sleep(sd.backoff(failures, self.cfg.poll_seconds))
         self.s.forget_vm()
         self.had_vm, self.setup_rc = False, None
@@ -246,8 +254,9 @@ class RunObserves(RunEnds):
         if vm == sd.UNKNOWN:
             self._failed()
             return vm, sd.Trainer(sd.UNASKED)
-        if vm not in (sd.GONE, "DELETING"):
-            self.had_vm = True
+        if vm not in (sd.GONE, sd.NODE_GONE, "DELETING"):
+            self.had_vm, self.created_unseen = True, False
+            self.refusals, self.refused_since = 0, None
         if vm != sd.READY:
             self._answered()
             return vm, sd.Trainer(sd.UNASKED)
@@ -257,6 +266,7 @@ class RunObserves(RunEnds):
             return vm, trainer
         self._answered()
         self.s.trained_here |= trainer.state != "not started"
+        self.started_unseen &= trainer.state == "not started"
         if progress:
             self._note_progress(progress)
         return vm, trainer
@@ -342,7 +352,7 @@ class SpotRun(RunObserves):
                 if not self.s.lost_noted:
                     self._note_loss(decision, vm, trainer)
                 self._remove()
-            else:  # REPLACE: a queued resource that failed
+            else:  # REPLACE: a queued resource that failed, or whose VM is gone
                 self.events.emit("replacing", f"{self.cfg.name}: {decision.why}")
                 self._remove()
 
@@ -362,10 +372,13 @@ class SpotRun(RunObserves):
         costs no VM); every refusal in a row counts toward ``--retry_seconds``
         and waits longer (`spot_decide.backoff`)."""
         self._build_wheel()
+        if self.created_unseen:
+            self._refused("create failed", f"{self.cfg.name}: the last create answered "
+                          "done, yet describe finds no VM")
         rc, out, err = self.cloud.create()
         what = "queued resource" if self.cfg.queued else "spot VM" if self.cfg.spot else "VM"
         if rc == 0:
-            self.refusals, self.refused_since = 0, None
+            self.created_unseen, self.started_unseen = True, False
             self.setup_rc, self.s.lost_noted, self.s.trained_here = None, False, False
             self.s.lost_unrecovered, self.s.seen_here = False, None
             self.events.emit("created", f"{self.cfg.name}: {what} "
@@ -375,13 +388,18 @@ class SpotRun(RunObserves):
         if kind == "permanent":
             raise RunError(console.FAILURE,
                            f"creating {self.cfg.name} failed: {last_line(err + out)}")
+        self._refused("no capacity" if kind == "stockout" else "create failed",
+                      f"{self.cfg.name}: {last_line(err + out)}")
+
+    def _refused(self, event: str, why: str) -> None:
+        """A create refused (or one that answered done and made no VM):
+        counts toward ``--retry_seconds``, then waits longer each time in
+        a row (`spot_decide.backoff`)."""
         self.refusals += 1
         if self.refused_since is None:
             self.refused_since = self.clock()
         wait = sd.backoff(self.refusals, self.cfg.poll_seconds)
-        self.events.emit("no capacity" if kind == "stockout" else "create failed",
-                         f"{self.cfg.name}: {last_line(err + out)}; trying again in "
-                         f"{wait:g} s")
+        self.events.emit(event, f"{why}; trying again in {wait:g} s")
         self.sleep(wait)
 
     def _build_wheel(self) -> None:
@@ -393,6 +411,10 @@ class SpotRun(RunObserves):
         """Installs on the VM and starts the trainer; a failure is kept in
         ``setup_rc`` for `decide` (255: ssh could not reach the VM, retried)."""
         self._build_wheel()
+        if self.started_unseen:
+            raise RunError(console.FAILURE, "the trainer start answered done, yet the "
+                           "status check finds no trainer there "
+                           f"({tc.REMOTE_DIR}/train.pid missing)")
         rc, out, err = self.cloud.install()
         if rc == 0:
             self.events.emit("set up", f"{self.cfg.name}: TensorFlow and the project "
@@ -401,6 +423,7 @@ class SpotRun(RunObserves):
         self.setup_rc = rc or None
         if rc == 0:
             self._answered()
+            self.started_unseen = True
             self._started()
         elif rc == console.LOST:
             self._failed()
@@ -421,11 +444,13 @@ class SpotRun(RunObserves):
 
 
 def run_spot(cfg: tc.TpuConfig, cloud: Cloud,
-             prepare: Callable[[], None] = lambda: None) -> int:
+             prepare: Callable[[], None] = lambda: None,
+             check: Callable[[], None] = lambda: None) -> int:
     """``run`` with real gcloud calls. The ``--events`` journal is read,
     checked and locked before anything else (a damaged one, or one another
     launcher holds, ends the launcher in one line with nothing done); a
-    killed launcher's run is taken up from it."""
+    killed launcher's run is taken up from it. ``check`` comes next (the
+    gcloud version: its `lc.LaunchError` ends the launcher with nothing done)."""
     journal, standing = None, Standing()
     if cfg.events is not None:
         try:
@@ -433,6 +458,7 @@ def run_spot(cfg: tc.TpuConfig, cloud: Cloud,
         except JournalError as exc:
             return lc.fail(str(exc), exc.code)
     try:
+        check()
         return SpotRun(cfg, cloud, Events(journal), standing).run(prepare)
     finally:
         if journal is not None:
