@@ -92,7 +92,7 @@ from typing import Mapping, Sequence
 
 from launch import common as lc
 from launch.spot import runner as spot_runner
-from launch.tpu.cloud import Cloud, compare_manifest, run_step
+from launch.tpu.cloud import Cloud, check_gcloud, compare_manifest, run_step
 from launch.tpu.commands import (DEFAULT_DIST_DIR, DEFAULT_LIBTPU, DEFAULT_TENSORFLOW,
                                  PREINSTALLED, TpuConfig, check_trainer_args, phases, plan)
 from launch.tpu.topology import default_runtime_version, is_multi_host
@@ -316,12 +316,13 @@ RUN_PLAN_NOTE = """\
 #     --retry_seconds={cfg.retry_seconds:g}, then exit 255"""
 
 def run_spot(cfg: TpuConfig, pyproject: Mapping) -> int:
-    """``run``: the journal checked (launch/spot/journal.py), the manifest
-    compared with the slice once, then the spot loop (launch/spot/runner.py)
-    until the run ends."""
+    """``run``: the journal checked (launch/spot/journal.py), gcloud's
+    version, the manifest compared with the slice once, then the spot loop
+    (launch/spot/runner.py) until the run ends."""
     planned = dict(phases("run", cfg, pyproject))
     return spot_runner.run_spot(cfg, Cloud(cfg, pyproject, planned), lambda: compare_manifest(
-        Cloud.shown(cfg, pyproject, planned)))
+        Cloud.shown(cfg, pyproject, planned)), lambda: check_gcloud(
+            cfg, [cmd for cmds in planned.values() for cmd in cmds]))
 
 
 def execute(step: str, cfg: TpuConfig, pyproject: Mapping) -> int:
@@ -334,6 +335,7 @@ def execute(step: str, cfg: TpuConfig, pyproject: Mapping) -> int:
     if step == "run":
         return run_spot(cfg, pyproject)
     work = phases(step, cfg, pyproject)
+    check_gcloud(cfg, [cmd for _, cmds in work for cmd in cmds])
     cloud = Cloud.shown(cfg, pyproject, dict(work))
     names = [name for name, _ in work]
     delete = names.pop() if step == "all" and cfg.delete_after else None
