@@ -95,7 +95,7 @@ from launch.spot import runner as spot_runner
 from launch.tpu.cloud import Cloud, check_gcloud, compare_manifest, run_step
 from launch.tpu.commands import (DEFAULT_DIST_DIR, DEFAULT_LIBTPU, DEFAULT_TENSORFLOW,
                                  PREINSTALLED, TpuConfig, check_trainer_args, phases, plan)
-from launch.tpu.topology import default_runtime_version, is_multi_host
+from launch.tpu.topology import api_accelerator, default_runtime_version, is_multi_host
 from mnist_common import console
 from mnist_common.flags import OneLineParser
 
@@ -268,6 +268,10 @@ def _software_settings(args: argparse.Namespace,
         raise lc.ConfigError(
             "--accelerator_type is required (or set TPU_ACCELERATOR_TYPE), "
             "e.g. v4-8")
+    if api_accelerator(accelerator) != accelerator:
+        print(f"--accelerator_type {accelerator}: sent as {api_accelerator(accelerator)}, "
+              "the TPU API's name for it", file=sys.stderr)
+        accelerator = api_accelerator(accelerator)
     multi_host = is_multi_host(accelerator)
     runtime_version = (lc.first_setting(args.runtime_version, lc.env(
         "TPU_RUNTIME_VERSION", environ=environ))

@@ -722,3 +722,20 @@ def test_setup_with_a_wheel_that_does_not_build_is_a_run_time_failure(tmp_path):
     assert proc.returncode == 1
     assert proc.stderr.splitlines()[-1] == "error: building the project wheel failed (exit 3)"
     assert not log.exists()  # nothing copied
+
+
+# -------------------------------------------------------------- real cloud
+
+def test_v5e_is_sent_as_the_tpu_apis_v5litepod(capsys):
+    """The TPU API names v5e slices v5litepod-N and refuses v5e-N: the
+    launcher sends v5litepod-N, says so in one line, and counts the slice's
+    hosts as v5litepod's."""
+    base = [a for a in TPU_ARGS if not a.startswith("--accelerator_type")]
+    cfg, [cmd] = tpu_plan("create", "--accelerator_type=v5e-8", base=base)
+    assert flag_values(cmd)["accelerator-type"] == "v5litepod-8"
+    assert flag_values(cmd)["version"] == "v2-alpha-tpuv5-lite"
+    assert capsys.readouterr().err == (
+        "--accelerator_type v5e-8: sent as v5litepod-8, the TPU API's name for it\n")
+    cfg, _ = tpu_plan("run", "--accelerator_type=v5e-16",
+                      "--runtime_version=tpu-vm-tf-2.19.0-pod-pjrt", base=base)
+    assert (cfg.accelerator_type, cfg.multi_host) == ("v5litepod-16", True)
