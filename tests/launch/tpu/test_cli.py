@@ -739,3 +739,15 @@ def test_v5e_is_sent_as_the_tpu_apis_v5litepod(capsys):
     cfg, _ = tpu_plan("run", "--accelerator_type=v5e-16",
                       "--runtime_version=tpu-vm-tf-2.19.0-pod-pjrt", base=base)
     assert (cfg.accelerator_type, cfg.multi_host) == ("v5litepod-16", True)
+
+
+def test_the_tpu_prerequisites_say_to_add_the_key_to_ssh_agent():
+    """``tpu-vm ssh --worker=all`` needs gcloud's key in ssh-agent (gcloud's
+    help for ``--worker``); docs/launch.md says so where it lists what the
+    TPU VM launcher needs here."""
+    text = (REPO / "docs" / "launch.md").read_text()
+    section = text.split("## TPU VM", 1)[1].split("### Spot runs", 1)[0]
+    [prerequisites] = [" ".join(p.split()) for p in section.split("\n\n")
+                       if p.startswith("Prerequisites")]
+    assert "--worker=all" in prerequisites
+    assert "ssh-add ~/.ssh/google_compute_engine" in prerequisites
