@@ -127,7 +127,7 @@ class RunEnds(RunCounts):
         cloud that answers done and keeps the VM is not asked in a tight
         loop. ``deleted`` is reported only when there was a VM to delete."""
         deadline = self.clock() + self.cfg.retry_seconds
-        failures, existed, deleted = 0, False, False
+        failures, existed, done = 0, False, False
         while True:
             state = self.cloud.vm_state()
             if state == sd.GONE:
@@ -137,14 +137,14 @@ class RunEnds(RunCounts):
                 raise RunError(console.LOST, f"{self.cfg.name} could not be deleted in "
                                f"{self.cfg.retry_seconds:g} s (--retry_seconds); delete it "
                                "yourself: " + " ".join(tc.delete_commands(self.cfg)[0]))
-            if state != "DELETING" and not deleted:
+            if state != "DELETING" and not done:
                 rc, out, err = self.cloud.delete()
                 existed = existed or rc == 0
-                deleted = rc == 0 or "NOT_FOUND" in err
-                failures += not deleted
-                if deleted:  # gcloud's delete waits for the operation: look at once
+                done = rc == 0 or "NOT_FOUND" in err
+                failures += not done
+                if done:  # gcloud's delete waits for the operation: look at once
                     continue
-            deleted = False
+            done = False
             self.sleep(sd.backoff(failures, self.cfg.poll_seconds))
         self.s.forget_vm()
         self.had_vm, self.setup_rc = False, None
