@@ -86,6 +86,9 @@ class RunCounts:
         # A create or a trainer start that answered done, and whose VM or
         # trainer no describe or status check has shown since.
         self.created_unseen = self.started_unseen = False
+        # When the last removal saw describe say gone, and the removals
+        # asked for since then with no create between.
+        self.removed_at, self.removals = None, 0
         self.wheel_built = False
         self.ending = False
         self.cadence = trainer_cadence(cfg)
@@ -148,6 +151,8 @@ class RunEnds(RunCounts):
             self.sleep(sd.backoff(failures, self.cfg.poll_seconds))
         self.s.forget_vm()
         self.had_vm, self.setup_rc = False, None
+        if self.removed_at is None:
+            self.removed_at = self.clock()
         if existed:
             self.events.emit("deleted", f"{self.cfg.name}", vm=self.cfg.name)
 
@@ -349,12 +354,28 @@ class SpotRun(RunObserves):
             elif decision.action == sd.SETUP:
                 self._setup()
             elif decision.action == sd.RECOVER:
+                self._shown_again(vm)
                 if not self.s.lost_noted:
                     self._note_loss(decision, vm, trainer)
                 self._remove()
             else:  # REPLACE: a queued resource that failed, or whose VM is gone
+                self._shown_again(vm)
                 self.events.emit("replacing", f"{self.cfg.name}: {decision.why}")
                 self._remove()
+
+    def _shown_again(self, vm: str) -> None:
+        """Before a removal: a VM this run removed (describe said gone)
+        shown again with no create since contradicts that describe; each
+        such removal waits a backoff, and after ``--retry_seconds`` of
+        them the run ends (`RunError`, 255)."""
+        if self.removed_at is None:
+            return
+        self.removals += 1
+        self.sleep(sd.backoff(self.removals, self.cfg.poll_seconds))
+        if self.clock() - self.removed_at > self.cfg.retry_seconds:
+            raise RunError(console.LOST, f"describe still shows {self.cfg.name} {vm} "
+                           f"{self.cfg.retry_seconds:g} s after it said it was gone "
+                           "(--retry_seconds)")
 
     def _announce(self) -> None:
         """The ``started`` event: what runs, and where a restarted launcher
@@ -379,6 +400,7 @@ class SpotRun(RunObserves):
         what = "queued resource" if self.cfg.queued else "spot VM" if self.cfg.spot else "VM"
         if rc == 0:
             self.created_unseen, self.started_unseen = True, False
+            self.removed_at, self.removals = None, 0
             self.setup_rc, self.s.lost_noted, self.s.trained_here = None, False, False
             self.s.lost_unrecovered, self.s.seen_here = False, None
             self.events.emit("created", f"{self.cfg.name}: {what} "

@@ -309,3 +309,23 @@ def test_refused_queued_creates_do_not_advise_queued(tmp_path):
     code, out = loop(cloud, tmp_path, "--queued", "--retry_seconds=5", sleeps=[])
     assert code == 255
     assert "(--retry_seconds); try another zone" in out and "--queued" not in out
+
+
+def test_a_vm_shown_again_after_describe_said_gone_is_not_removed_in_a_tight_loop(tmp_path,
+                                                                                 capsys):
+    """Describe says PREEMPTED, then (after the delete) NOT_FOUND, then
+    PREEMPTED again, on and on, with no create between: the run sleeps
+    between two deletes and ends 255 after --retry_seconds."""
+    class Flapping(ScriptedCloud):
+        def vm_state(self):
+            self.call("describe")
+            if self.states:
+                return self.states.pop(0)
+            return sd.GONE if self.calls[-2:-1] == ["delete"] else "PREEMPTED"
+    cloud = Flapping(["READY"], [progress("running", step=4)])
+    code, out = loop(cloud, tmp_path, "--retry_seconds=30", sleeps=Timeline(cloud))
+    assert code == 255, out
+    assert cloud.calls.count("delete") >= 2 and slept_between(cloud.calls, "delete")
+    assert "create" not in cloud.calls
+    assert ("error: mnist-tpu: describe still shows mnist-tpu PREEMPTED 30 s after it "
+            "said it was gone (--retry_seconds)") in capsys.readouterr().err
