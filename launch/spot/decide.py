@@ -19,6 +19,9 @@ READY = "READY"
 GONE = "GONE"        # describe: NOT_FOUND
 UNKNOWN = "UNKNOWN"  # describe failed otherwise (gcloud or the network)
 FAILED = "FAILED"    # a queued resource that could not be provisioned
+# A queued resource ACTIVE whose VM is NOT_FOUND: Cloud TPU makes no VM for
+# it again, and it holds the name, so it is deleted before the next create.
+NODE_GONE = "NODE_GONE"
 # The VM is lost for training: preempted, or stopped by Cloud TPU or a
 # person. A queued resource reports a preempted spot VM as SUSPENDED.
 LOST_STATES = frozenset({"PREEMPTED", "TERMINATED", "STOPPING", "STOPPED",
@@ -67,7 +70,8 @@ class Tally:
     how long calls to the cloud have been failing in a row (0: the last one
     answered); refused_seconds: how long every create has been refused (a
     describe that answers NOT_FOUND in between does not end that). elapsed:
-    seconds since the run started.
+    seconds since the run started. queued: creates make queued resources
+    (``--queued``).
     """
     recoveries: int = 0
     max_recoveries: int = 5
@@ -78,6 +82,7 @@ class Tally:
     retry_seconds: float = 900.0
     elapsed: float = 0.0
     wait_timeout: float = 86400.0
+    queued: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,7 +100,7 @@ def decide(vm: str, trainer: Trainer, tally: Tally) -> Decision:
     ``max_recoveries`` allows, whatever else is failing; a trainer that
     failed on its own is never retried.
     """
-    if vm in LOST_STATES or (vm == GONE and tally.had_vm) or (
+    if vm in LOST_STATES or (vm in (GONE, NODE_GONE) and tally.had_vm) or (
             vm == READY and trainer.lost()):
         if tally.recoveries >= tally.max_recoveries:
             return Decision(GIVE_UP, console.GAVE_UP, f"{_loss(vm, trainer)}; "
@@ -109,12 +114,14 @@ def decide(vm: str, trainer: Trainer, tally: Tally) -> Decision:
                         f"{tally.failing_seconds:.0f} s (--retry_seconds)")
     if tally.refused_seconds > tally.retry_seconds:
         return Decision(LOST, console.LOST, f"every create was refused for "
-                        f"{tally.refused_seconds:.0f} s (--retry_seconds); "
-                        "try another zone, or --queued")
+                        f"{tally.refused_seconds:.0f} s (--retry_seconds); try "
+                        + ("another zone" if tally.queued else "another zone, or --queued"))
     if vm == GONE:
         return Decision(CREATE)
     if vm == FAILED:
         return Decision(REPLACE, why="the queued resource failed")
+    if vm == NODE_GONE:
+        return Decision(REPLACE, why="the queued resource is ACTIVE but its VM is gone")
     if vm != READY:
         return Decision(WAIT)  # creating, deleting, or describe failing
     return _decide_ready(trainer, tally)
@@ -139,6 +146,8 @@ def _loss(vm: str, trainer: Trainer) -> str:
         return f"the VM is {vm}"
     if vm == GONE:
         return "the VM is gone"
+    if vm == NODE_GONE:
+        return "the VM is gone (its queued resource is still ACTIVE)"
     if trainer.state == "stopped":
         return "the trainer was killed without an exit status"
     return "the trainer stopped on SIGTERM"
@@ -151,7 +160,7 @@ def queued_vm_state(queued_state: str, node_state: str) -> str:
     if queued_state in QUEUED_WAITING:
         return "CREATING"
     if queued_state == QUEUED_ACTIVE:
-        return node_state
+        return NODE_GONE if node_state == GONE else node_state
     return queued_state  # GONE, UNKNOWN, FAILED, DELETING
 
 

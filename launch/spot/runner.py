@@ -86,6 +86,12 @@ class RunCounts:
         self.setup_rc: int | None = None
         self.failures, self.failing_since = 0, None  # describe and ssh calls
         self.refusals, self.refused_since = 0, None  # creates
+        # A create or a trainer start that answered done, and whose VM or
+        # trainer no describe or status check has shown since.
+        self.created_unseen = self.started_unseen = False
+        # When the last removal saw describe say gone, and the removals
+        # asked for since then with no create between.
+        self.removed_at, self.removals = None, 0
         self.wheel_built = False
         self.ending = False
         self.cadence = trainer_cadence(cfg)
@@ -99,7 +105,7 @@ class RunCounts:
                         refused_seconds=since(self.refused_since),
                         retry_seconds=self.cfg.retry_seconds,
                         elapsed=self.clock() - self.started,
-                        wait_timeout=self.cfg.wait_timeout)
+                        wait_timeout=self.cfg.wait_timeout, queued=self.cfg.queued)
 
     def _failed(self) -> None:
         self.failures += 1
@@ -122,27 +128,34 @@ class RunEnds(RunCounts):
     def _remove(self) -> None:
         """Deletes the VM and returns once describe says it is gone; retried
         for ``--retry_seconds``, then `RunError` (255) naming the VM left.
-        ``deleted`` is reported only when there was a VM to delete."""
+        A delete that answers done is followed by one describe at once; a
+        VM still there then waits a backoff before the next delete, so a
+        cloud that answers done and keeps the VM is not asked in a tight
+        loop. ``deleted`` is reported only when there was a VM to delete."""
         deadline = self.clock() + self.cfg.retry_seconds
-        failures, existed = 0, False
+        failures, existed, done = 0, False, False
         while True:
             state = self.cloud.vm_state()
             if state == sd.GONE:
                 break
             existed = existed or state != sd.UNKNOWN
-            if state != "DELETING":
-                rc, out, err = self.cloud.delete()
-                existed = existed or rc == 0
-                if rc == 0 or "NOT_FOUND" in err:
-                    continue
-                failures += 1
             if self.clock() > deadline:
                 raise RunError(console.LOST, f"{self.cfg.name} could not be deleted in "
                                f"{self.cfg.retry_seconds:g} s (--retry_seconds); delete it "
                                "yourself: " + " ".join(tc.delete_commands(self.cfg)[0]))
+            if state != "DELETING" and not done:
+                rc, out, err = self.cloud.delete()
+                existed = existed or rc == 0
+                done = rc == 0 or "NOT_FOUND" in err
+                failures += not done
+                if done:  # gcloud's delete waits for the operation: look at once
+                    continue
+            done = False
             self.sleep(sd.backoff(failures, self.cfg.poll_seconds))
         self.s.forget_vm()
         self.had_vm, self.setup_rc = False, None
+        if self.removed_at is None:
+            self.removed_at = self.clock()
         if existed:
             self.events.emit("deleted", f"{self.cfg.name}", vm=self.cfg.name)
 
@@ -249,8 +262,9 @@ class RunObserves(RunEnds):
         if vm == sd.UNKNOWN:
             self._failed()
             return vm, sd.Trainer(sd.UNASKED)
-        if vm not in (sd.GONE, "DELETING"):
-            self.had_vm = True
+        if vm not in (sd.GONE, sd.NODE_GONE, "DELETING"):
+            self.had_vm, self.created_unseen = True, False
+            self.refusals, self.refused_since = 0, None
         if vm != sd.READY:
             self._answered()
             return vm, sd.Trainer(sd.UNASKED)
@@ -260,6 +274,7 @@ class RunObserves(RunEnds):
             return vm, trainer
         self._answered()
         self.s.trained_here |= trainer.state != "not started"
+        self.started_unseen &= trainer.state == "not started"
         if progress:
             self._note_progress(progress)
         return vm, trainer
@@ -345,12 +360,28 @@ class SpotRun(RunObserves):
             elif decision.action == sd.SETUP:
                 self._setup()
             elif decision.action == sd.RECOVER:
+                self._shown_again(vm)
                 if not self.s.lost_noted:
                     self._note_loss(decision, vm, trainer)
                 self._remove()
-            else:  # REPLACE: a queued resource that failed
+            else:  # REPLACE: a queued resource that failed, or whose VM is gone
+                self._shown_again(vm)
                 self.events.emit("replacing", f"{self.cfg.name}: {decision.why}")
                 self._remove()
+
+    def _shown_again(self, vm: str) -> None:
+        """Before a removal: a VM this run removed (describe said gone)
+        shown again with no create since contradicts that describe; each
+        such removal waits a backoff, and after ``--retry_seconds`` of
+        them the run ends (`RunError`, 255)."""
+        if self.removed_at is None:
+            return
+        self.removals += 1
+        self.sleep(sd.backoff(self.removals, self.cfg.poll_seconds))
+        if self.clock() - self.removed_at > self.cfg.retry_seconds:
+            raise RunError(console.LOST, f"describe still shows {self.cfg.name} {vm} "
+                           f"{self.cfg.retry_seconds:g} s after it said it was gone "
+                           "(--retry_seconds)")
 
     def _announce(self) -> None:
         """The ``started`` event: what runs, and where a restarted launcher
@@ -369,10 +400,14 @@ class SpotRun(RunObserves):
         costs no VM); every refusal in a row counts toward ``--retry_seconds``
         and waits longer (`spot_decide.backoff`)."""
         self._build_wheel()
+        if self.created_unseen:
+            self._refused("create failed", f"{self.cfg.name}: the last create answered "
+                          "done, yet describe finds no VM")
         rc, out, err = self.cloud.create()
         what = "queued resource" if self.cfg.queued else "spot VM" if self.cfg.spot else "VM"
         if rc == 0:
-            self.refusals, self.refused_since = 0, None
+            self.created_unseen, self.started_unseen = True, False
+            self.removed_at, self.removals = None, 0
             self.setup_rc, self.s.lost_noted, self.s.trained_here = None, False, False
             self.s.lost_unrecovered, self.s.seen_here = False, None
             self.events.emit("created", f"{self.cfg.name}: {what} "
@@ -382,13 +417,18 @@ class SpotRun(RunObserves):
         if kind == "permanent":
             raise RunError(console.FAILURE,
                            f"creating {self.cfg.name} failed: {last_line(err + out)}")
+        self._refused("no capacity" if kind == "stockout" else "create failed",
+                      f"{self.cfg.name}: {last_line(err + out)}")
+
+    def _refused(self, event: str, why: str) -> None:
+        """A create refused (or one that answered done and made no VM):
+        counts toward ``--retry_seconds``, then waits longer each time in
+        a row (`spot_decide.backoff`)."""
         self.refusals += 1
         if self.refused_since is None:
             self.refused_since = self.clock()
         wait = sd.backoff(self.refusals, self.cfg.poll_seconds)
-        self.events.emit("no capacity" if kind == "stockout" else "create failed",
-                         f"{self.cfg.name}: {last_line(err + out)}; trying again in "
-                         f"{wait:g} s")
+        self.events.emit(event, f"{why}; trying again in {wait:g} s")
         self.sleep(wait)
 
     def _build_wheel(self) -> None:
@@ -400,6 +440,10 @@ class SpotRun(RunObserves):
         """Installs on the VM and starts the trainer; a failure is kept in
         ``setup_rc`` for `decide` (255: ssh could not reach the VM, retried)."""
         self._build_wheel()
+        if self.started_unseen:
+            raise RunError(console.FAILURE, "the trainer start answered done, yet the "
+                           "status check finds no trainer there "
+                           f"({tc.REMOTE_DIR}/train.pid missing)")
         rc, out, err = self.cloud.install()
         if rc == 0:
             self.events.emit("set up", f"{self.cfg.name}: TensorFlow and the project "
@@ -408,6 +452,7 @@ class SpotRun(RunObserves):
         self.setup_rc = rc or None
         if rc == 0:
             self._answered()
+            self.started_unseen = True
             self._started()
         elif rc == console.LOST:
             self._failed()
@@ -428,14 +473,16 @@ class SpotRun(RunObserves):
 
 
 def run_spot(cfg: tc.TpuConfig, make_cloud: Callable[[tc.TpuConfig], Cloud],
-             prepare: Callable[[Cloud], None] = lambda cloud: None) -> int:
+             prepare: Callable[[Cloud], None] = lambda cloud: None,
+             check: Callable[[], None] = lambda: None) -> int:
     """``run`` with real gcloud calls. The ``--events`` journal is read,
     checked and locked before anything else (a damaged one, or one another
     launcher holds, ends the launcher in one line with nothing done); a
     killed launcher's run is taken up from it, with its run id (the mark
-    on its VM): else ``--run_id``, else a new one. A VM of the name that
-    is not this run's (`NotThisRun`) ends the launcher in one line, the
-    VM left as it is."""
+    on its VM): else ``--run_id``, else a new one. ``check`` comes next
+    (the gcloud version: its `lc.LaunchError` ends the launcher with
+    nothing done). A VM of the name that is not this run's (`NotThisRun`)
+    ends the launcher in one line, the VM left as it is."""
     journal, standing = None, Standing()
     if cfg.events is not None:
         try:
@@ -445,6 +492,7 @@ def run_spot(cfg: tc.TpuConfig, make_cloud: Callable[[tc.TpuConfig], Cloud],
     run_id = (standing.run or {}).get("run_id") or cfg.run_id or tc.new_run_id()
     cloud = make_cloud(dataclasses.replace(cfg, run_id=run_id))
     try:
+        check()
         return SpotRun(cloud.cfg, cloud, Events(journal), standing).run(
             lambda: prepare(cloud))
     except NotThisRun as exc:

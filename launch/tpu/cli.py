@@ -96,11 +96,11 @@ from typing import Mapping, Sequence
 from launch import common as lc
 from launch import staging
 from launch.spot import runner as spot_runner
-from launch.tpu.cloud import Cloud, compare_manifest, run_step
+from launch.tpu.cloud import Cloud, check_gcloud, compare_manifest, run_step
 from launch.tpu import commands as tc
 from launch.tpu.commands import (DEFAULT_LIBTPU, DEFAULT_TENSORFLOW,
                                  PREINSTALLED, TpuConfig, check_trainer_args, phases, plan)
-from launch.tpu.topology import default_runtime_version, is_multi_host
+from launch.tpu.topology import api_accelerator, default_runtime_version, is_multi_host
 from mnist_common import console
 from mnist_common.flags import OneLineParser
 
@@ -303,6 +303,10 @@ def _software_settings(args: argparse.Namespace,
         raise lc.ConfigError(
             "--accelerator_type is required (or set TPU_ACCELERATOR_TYPE), "
             "e.g. v4-8")
+    if api_accelerator(accelerator) != accelerator:
+        print(f"--accelerator_type {accelerator}: sent as {api_accelerator(accelerator)}, "
+              "the TPU API's name for it", file=sys.stderr)
+        accelerator = api_accelerator(accelerator)
     multi_host = is_multi_host(accelerator)
     runtime_version = (lc.first_setting(args.runtime_version, lc.env(
         "TPU_RUNTIME_VERSION", environ=environ))
@@ -353,17 +357,20 @@ RUN_PLAN_NOTE = """\
 #     left as it is (RUN_ID: --events's run's, else --run_id, else new)"""
 
 def run_spot(cfg: TpuConfig, pyproject: Mapping) -> int:
-    """``run``: the journal checked (launch/spot/journal.py), a VM of the
-    name that is not this run's refused, the manifest compared with the
-    slice once, then the spot loop (launch/spot/runner.py) until the run
-    ends."""
+    """``run``: the journal checked (launch/spot/journal.py), gcloud's
+    version, a VM of the name that is not this run's refused, the manifest
+    compared with the slice once, then the spot loop
+    (launch/spot/runner.py) until the run ends."""
     def make_cloud(cfg: TpuConfig) -> Cloud:
         return Cloud(cfg, pyproject, dict(phases("run", cfg, pyproject)))
 
     def prepare(cloud: Cloud) -> None:
         cloud.vm_state()  # `NotThisRun` before the run says or does anything
         compare_manifest(Cloud.shown(cloud.cfg, pyproject, cloud.planned))
-    return spot_runner.run_spot(cfg, make_cloud, prepare)
+
+    def check() -> None:
+        check_gcloud(cfg, [cmd for _, cmds in phases("run", cfg, pyproject) for cmd in cmds])
+    return spot_runner.run_spot(cfg, make_cloud, prepare, check)
 
 
 def execute(step: str, cfg: TpuConfig, pyproject: Mapping) -> int:
@@ -376,6 +383,7 @@ def execute(step: str, cfg: TpuConfig, pyproject: Mapping) -> int:
     if step == "run":
         return run_spot(cfg, pyproject)
     work = phases(step, cfg, pyproject)
+    check_gcloud(cfg, [cmd for _, cmds in work for cmd in cmds])
     cloud = Cloud.shown(cfg, pyproject, dict(work))
     names = [name for name, _ in work]
     # The final describe and delete of ``all --delete_after``.

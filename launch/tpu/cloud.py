@@ -35,6 +35,10 @@ STOCKOUT_MARKERS = ("no more capacity", "resource_exhausted", "stockout")
 PERMANENT_MARKERS = ("invalid_argument", "permission_denied", "unauthenticated",
                      "quota", "invalid value")
 POLL_FAILURES = 5    # failed status checks in a row before ``wait`` gives up
+# What a plan may use that older gcloud releases lack (they answer
+# "unrecognized arguments" or "Invalid choice"): the argument, the flag that
+# asks for it, and the first Google Cloud SDK release with it, GA.
+GCLOUD_RELEASES = (("queued-resources", "--queued", 467), ("--spot", "--spot", 464))
 
 
 def run_captured(cmd: lc.Command) -> Result:
@@ -60,6 +64,44 @@ def ask_shown(cmd: lc.Command) -> Result:
 def last_line(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1].strip() if lines else "no output"
+
+
+def gcloud_needed(commands: Sequence[lc.Command]) -> tuple[str, int] | None:
+    """The flag of ``commands`` that needs the newest gcloud, and that
+    release (None: any gcloud runs them)."""
+    used = [(release, flag) for arg, flag, release in GCLOUD_RELEASES
+            if any(arg in cmd for cmd in commands)]
+    if not used:
+        return None
+    release, flag = max(used)
+    return flag, release
+
+
+def check_gcloud(cfg: tc.TpuConfig, commands: Sequence[lc.Command],
+                 ask: Runner = run_captured) -> None:
+    """`lc.RunFailure` when the gcloud here is older than ``commands``
+    need (`gcloud_needed`), asked once before anything is created, so an
+    old SDK does not fail deep in a run; a version that cannot be read is
+    a warning."""
+    needed = gcloud_needed(commands)
+    if needed is None:
+        return
+    flag, release = needed
+    wanted = f"{flag} needs Google Cloud SDK {release}.0.0 or newer"
+    rc, out, err = ask([cfg.gcloud, "version", "--format=json"])
+    if rc != 0:
+        raise lc.RunFailure(f"`{cfg.gcloud} version` exited {rc} "
+                            f"({last_line(err + out)}); {wanted}")
+    try:
+        version = json.loads(out)["Google Cloud SDK"]
+        major = int(version.split(".")[0])
+    except (ValueError, KeyError, TypeError, AttributeError):
+        print(f"warning: no version read from `{cfg.gcloud} version --format=json`; "
+              f"{wanted}", file=sys.stderr)
+        return
+    if major < release:
+        raise lc.RunFailure(f"gcloud {version} is too old: {wanted} "
+                            "(`gcloud components update`)")
 
 
 def create_failure(text: str) -> str:

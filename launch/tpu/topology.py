@@ -30,6 +30,9 @@ _ONE_HOST_MAX = 8
 # are made of 4-chip VMs (/tpu/docs/v5e and /tpu/docs/v6e, "VM types").
 _SIZE_PER_HOST = {"v2": 8, "v3": 8, "v4": 8, "v5p": 8,
                   "v5litepod": 4, "v5e": 4, "v6e": 4}
+# A family's everyday name -> the TPU API's: the API (and gcloud) names v5e
+# slices v5litepod-N and refuses v5e-N.
+API_FAMILIES = {"v5e": "v5litepod"}
 
 
 def parse_accelerator(accelerator_type: str) -> tuple[str, int]:
@@ -40,6 +43,14 @@ def parse_accelerator(accelerator_type: str) -> tuple[str, int]:
             f"{', '.join(f + '-N' for f in BASE_IMAGES)} (e.g. v4-8, "
             "v5litepod-8, v6e-8)")
     return match["family"], int(match["size"])
+
+
+def api_accelerator(accelerator_type: str) -> str:
+    """``accelerator_type`` as the TPU API names it (v5e-8: v5litepod-8)."""
+    family, size = parse_accelerator(accelerator_type)
+    if family not in API_FAMILIES:
+        return accelerator_type
+    return f"{API_FAMILIES[family]}-{size}"
 
 
 def slice_hosts(accelerator_type: str) -> int:

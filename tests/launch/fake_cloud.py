@@ -15,7 +15,8 @@ stays, billed, until it is deleted. A deleted VM's folder moves to
 check that no two VMs of a name were ever alive at once and none is left;
 ``calls.jsonl`` records every gcloud call with its exit status. Faults a
 test arms in ``faults.json``: creates refused as a stockout, ssh calls that
-fail as an unreachable host would (255).
+fail as an unreachable host would (255), deletes that answer done and keep
+the VM (``kept_deletes``).
 """
 
 from __future__ import annotations

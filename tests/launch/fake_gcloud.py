@@ -6,6 +6,8 @@ and exit statuses.
     compute tpus queued-resources create|describe|delete NAME ...
     storage cat gs://BUCKET/OBJECT   (from the local GCS server,
                                       STORAGE_EMULATOR_HOST)
+    version --format=json            (``FAKE_GCLOUD_VERSION``, default
+                                      `CURRENT_VERSION`)
 
 ``create`` keeps ``--labels=KEY=VALUE,...`` (refused, as GCE refuses them,
 unless keys and values follow its label rules); ``describe
@@ -32,6 +34,8 @@ import time
 from pathlib import Path
 
 from tests.launch.fake_cloud import STOCKOUT, FakeCloud
+
+CURRENT_VERSION = "548.0.0"
 
 
 def _flags(args: list[str]) -> tuple[list[str], dict[str, str]]:
@@ -130,6 +134,8 @@ def describe(cloud: FakeCloud, name: str, form: str | None) -> int:
 
 
 def delete(cloud: FakeCloud, name: str) -> int:
+    if cloud.state(name) is not None and cloud.take_fault("kept_deletes"):
+        return 0  # answered done, the VM kept
     with cloud.locked():
         if cloud.state(name) is None:
             return _not_found("tpu-vm.delete", name)
@@ -224,6 +230,9 @@ def storage_cat(url: str) -> int:
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage
     bucket, _, name = url.removeprefix("gs://").partition("/")
+    if "STORAGE_EMULATOR_HOST" not in os.environ:
+        print(f"ERROR: (gcloud.storage.cat) {url}: no storage server here", file=sys.stderr)
+        return 1
     client = storage.Client(project="test", credentials=AnonymousCredentials(),
                             client_options={"api_endpoint": os.environ["STORAGE_EMULATOR_HOST"]})
     try:
@@ -240,6 +249,10 @@ def main(argv: list[str]) -> int:
         return operation(cloud, *argv[1:])
     if argv[:2] == ["storage", "cat"]:
         rc = storage_cat(argv[2])
+    elif argv == ["version", "--format=json"]:
+        version = os.environ.get("FAKE_GCLOUD_VERSION", CURRENT_VERSION)
+        print(json.dumps({"Google Cloud SDK": version, "core": "2025.11.14"}, indent=2))
+        rc = 0
     elif argv[:3] == ["compute", "tpus", "tpu-vm"]:
         rc = tpu_vm(cloud, argv[3], argv[4:])
     elif argv[:3] == ["compute", "tpus", "queued-resources"]:

@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from tests.helpers import EMULATOR_BUCKET
+from tests.helpers import EMULATOR_BUCKET, REPO
 from tests.launch.spot.helpers import NAME, RUN_SECONDS, Chaos, World
 
 # A hang bound, not a speed bar: the longest test here took 71 s with the
@@ -70,6 +70,25 @@ def test_a_queued_spot_run_waits_for_capacity_trains_and_deletes_its_resource(wo
     assert kinds(world)[-2:] == ["finished", "summary"]
     assert world.cloud.vms() == {}
     assert not list((world.cloud.root / "queued").iterdir())
+
+
+def test_a_queued_resource_whose_vm_is_deleted_under_it_is_created_again(world):
+    """``--queued``: the VM is deleted while it trains and its queued
+    resource stays ACTIVE, holding the name: the run deletes the queued
+    resource, creates it again (no ALREADY_EXISTS) and trains to the end."""
+    world.env["PYTHONPATH"] = str(REPO)  # this checkout's launcher, not one installed
+    proc = world.start(world.argv("queued-node", "--queued"))
+    until(lambda: world.step() >= 2, "the trainer at step 2")
+    with world.cloud.locked():
+        world.cloud.remove_vm(NAME)
+    out, err = proc.communicate(timeout=RUN_SECONDS)
+    assert proc.returncode == 0, out + err[-3000:]
+    queued = [c for c in world.cloud.calls()
+              if c["argv"][:3] == ["compute", "tpus", "queued-resources"]]
+    creates = [c["rc"] for c in queued if c["argv"][3] == "create"]
+    assert creates == [0, 0] and [c["argv"][3] for c in queued].count("delete") == 2
+    assert kinds(world).count("recovered") == 1 and kinds(world)[-2:] == ["finished", "summary"]
+    assert world.cloud.vms() == {} and not list((world.cloud.root / "queued").iterdir())
 
 
 def test_max_recoveries_reached_ends_the_run_and_deletes_the_vm(world):

@@ -213,3 +213,119 @@ def test_a_journal_that_can_no_longer_be_written_is_a_warning(tmp_path, capsys):
     assert capsys.readouterr().err == (
         "warning: the journal was not written from here on "
         "([Errno 28] No space left on device)\n")
+
+
+# ------------------------------------------------- answers that change nothing
+
+class Timeline(list):
+    """The run's waits, each also written into the cloud's calls, so the
+    calls show where the run slept."""
+
+    def __init__(self, cloud):
+        super().__init__()
+        self.cloud = cloud
+
+    def append(self, seconds):
+        self.cloud.calls.append(f"sleep {seconds:g}")
+        super().append(seconds)
+
+
+def slept_between(calls, name):
+    """Whether the run slept between every two ``name`` calls."""
+    at = [i for i, call in enumerate(calls) if call == name]
+    return all(any(c.startswith("sleep ") for c in calls[a:b]) for a, b in zip(at, at[1:]))
+
+
+def test_a_delete_that_answers_done_but_keeps_the_vm_ends_the_run(tmp_path, capsys):
+    """Every delete exits 0 and describe still says READY: the run sleeps
+    between two deletes and ends by itself at --retry_seconds, exit 255,
+    with one line naming the VM left."""
+    class KeptVm(ScriptedCloud):
+        def vm_state(self):
+            self.call("describe")
+            return "READY"
+    cloud = KeptVm([], [progress("exited", 0, 66)])
+    code, out = loop(cloud, tmp_path, "--retry_seconds=30", sleeps=Timeline(cloud))
+    assert code == 255, out
+    assert cloud.calls.count("delete") >= 2 and slept_between(cloud.calls, "delete")
+    assert capsys.readouterr().err.splitlines() == [
+        "error: mnist-tpu could not be deleted in 30 s (--retry_seconds); delete it "
+        "yourself: gcloud compute tpus tpu-vm delete mnist-tpu --quiet --zone=us-central2-b"]
+    assert kinds(out)[-2:] == ["finished", "summary"] and "deleted" not in kinds(out)
+
+
+def test_a_create_that_answers_done_but_makes_no_vm_backs_off_and_ends(tmp_path):
+    """Every create exits 0 and describe still says NOT_FOUND: each create
+    after the first waits as a refusal does, and the run ends 255 once
+    creates made nothing for --retry_seconds."""
+    cloud = ScriptedCloud([])
+    code, out = loop(cloud, tmp_path, "--poll_seconds=60", "--retry_seconds=5",
+                     sleeps=Timeline(cloud))
+    assert code == 255, out
+    assert cloud.calls.count("create") >= 2 and slept_between(cloud.calls, "create")
+    assert "yet describe finds no VM" in out and kinds(out)[-2:] == ["lost", "summary"]
+
+
+def test_a_trainer_start_that_leaves_no_trainer_ends_the_run(tmp_path, capsys):
+    """Setup and the trainer's start exit 0, yet the status check says no
+    trainer was started: the run does not set up again and again, it ends
+    1 and deletes the VM."""
+    cloud = ScriptedCloud(["READY", "READY", "READY", "GONE"],
+                          [progress("not started"), progress("not started")])
+    code, out = loop(cloud, tmp_path)
+    assert code == 1, out
+    assert cloud.calls.count("install") == 1 and cloud.calls[-2:] == ["delete", "describe"]
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "error: mnist-tpu: the trainer start answered done, yet the status check "
+        "finds no trainer there (~/mnist-tpu/train.pid missing)")
+
+
+# ------------------------------------------------- queued resources
+
+def test_a_queued_resource_whose_vm_is_gone_is_deleted_and_created_again(tmp_path):
+    """ACTIVE, its VM NOT_FOUND (the VM lost): the queued resource, which
+    holds the name, is deleted before the next create, and the loss is a
+    recovery."""
+    node_gone = sd.queued_vm_state("ACTIVE", sd.GONE)
+    states = ["READY", "READY", node_gone, node_gone, sd.GONE, sd.GONE,
+              "READY", "READY", sd.GONE]
+    trainers = [progress("not started"), progress("running", step=4),
+                progress("not started"), progress("exited", 0, 66, resumed=0)]
+    cloud = ScriptedCloud(states, trainers)
+    code, out = loop(cloud, tmp_path, "--queued", "--spot")
+    assert code == 0, out
+    assert cloud.calls.count("create") == 1
+    assert "delete" in cloud.calls[:cloud.calls.index("create")]
+    assert "the VM is gone (its queued resource is still ACTIVE)" in out
+    assert "recovered: mnist-tpu: training again (1 of 5)" in out
+
+
+def test_a_queued_resource_whose_vm_was_never_seen_is_replaced():
+    assert sd.decide(sd.NODE_GONE, sd.Trainer(sd.UNASKED), sd.Tally()).action == sd.REPLACE
+
+
+def test_refused_queued_creates_do_not_advise_queued(tmp_path):
+    cloud = ScriptedCloud([], creates=[STOCKOUT] * 100)
+    code, out = loop(cloud, tmp_path, "--queued", "--retry_seconds=5", sleeps=[])
+    assert code == 255
+    assert "(--retry_seconds); try another zone" in out and "--queued" not in out
+
+
+def test_a_vm_shown_again_after_describe_said_gone_is_not_removed_in_a_tight_loop(tmp_path,
+                                                                                 capsys):
+    """Describe says PREEMPTED, then (after the delete) NOT_FOUND, then
+    PREEMPTED again, on and on, with no create between: the run sleeps
+    between two deletes and ends 255 after --retry_seconds."""
+    class Flapping(ScriptedCloud):
+        def vm_state(self):
+            self.call("describe")
+            if self.states:
+                return self.states.pop(0)
+            return sd.GONE if self.calls[-2:-1] == ["delete"] else "PREEMPTED"
+    cloud = Flapping(["READY"], [progress("running", step=4)])
+    code, out = loop(cloud, tmp_path, "--retry_seconds=30", sleeps=Timeline(cloud))
+    assert code == 255, out
+    assert cloud.calls.count("delete") >= 2 and slept_between(cloud.calls, "delete")
+    assert "create" not in cloud.calls
+    assert ("error: mnist-tpu: describe still shows mnist-tpu PREEMPTED 30 s after it "
+            "said it was gone (--retry_seconds)") in capsys.readouterr().err

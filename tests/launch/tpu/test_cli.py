@@ -737,3 +737,32 @@ def test_setup_with_a_wheel_that_does_not_build_is_a_run_time_failure(tmp_path):
     assert proc.stderr.splitlines()[-1] == "error: building the project wheel failed (exit 3)"
     assert [verb(shlex.split(c)) for c in log.read_text().splitlines()] == [
         "describe"]  # nothing copied
+
+
+# -------------------------------------------------------------- real cloud
+
+def test_v5e_is_sent_as_the_tpu_apis_v5litepod(capsys):
+    """The TPU API names v5e slices v5litepod-N and refuses v5e-N: the
+    launcher sends v5litepod-N, says so in one line, and counts the slice's
+    hosts as v5litepod's."""
+    base = [a for a in TPU_ARGS if not a.startswith("--accelerator_type")]
+    cfg, [cmd] = tpu_plan("create", "--accelerator_type=v5e-8", base=base)
+    assert flag_values(cmd)["accelerator-type"] == "v5litepod-8"
+    assert flag_values(cmd)["version"] == "v2-alpha-tpuv5-lite"
+    assert capsys.readouterr().err == (
+        "--accelerator_type v5e-8: sent as v5litepod-8, the TPU API's name for it\n")
+    cfg, _ = tpu_plan("run", "--accelerator_type=v5e-16",
+                      "--runtime_version=tpu-vm-tf-2.19.0-pod-pjrt", base=base)
+    assert (cfg.accelerator_type, cfg.multi_host) == ("v5litepod-16", True)
+
+
+def test_the_tpu_prerequisites_say_to_add_the_key_to_ssh_agent():
+    """``tpu-vm ssh --worker=all`` needs gcloud's key in ssh-agent (gcloud's
+    help for ``--worker``); docs/launch.md says so where it lists what the
+    TPU VM launcher needs here."""
+    text = (REPO / "docs" / "launch.md").read_text()
+    section = text.split("## TPU VM", 1)[1].split("### Spot runs", 1)[0]
+    [prerequisites] = [" ".join(p.split()) for p in section.split("\n\n")
+                       if p.startswith("Prerequisites")]
+    assert "--worker=all" in prerequisites
+    assert "ssh-add ~/.ssh/google_compute_engine" in prerequisites
