@@ -7,17 +7,18 @@ from __future__ import annotations
 import os
 
 from tests.launch.fake_cloud import FakeCloud
-from tests.launch.helpers import TPU_ARGS, clean_env, run_script, write_fake_gcloud
+from launch.tpu import commands as tc
+from tests.launch.helpers import RUN_ID, TPU_ARGS, clean_env, run_script, write_fake_gcloud
 
 NAME = "mnist-tpu"  # TPU_ARGS's
 POLL = 0.5
 
 
 def finished_vm(cloud: FakeCloud) -> None:
-    """A READY VM of the run whose trainer exited 0: the run's next step is
-    to delete it."""
+    """A READY VM of the run (its mark, TPU_ARGS's --run_id) whose trainer
+    exited 0: the run's next step is to delete it."""
     with cloud.locked():
-        cloud.new_vm(NAME)
+        cloud.new_vm(NAME, {tc.MARK_KEY: RUN_ID})
         cloud.set_state(NAME, "READY")
     work = cloud.vm_dir(NAME) / "home" / "mnist-tpu"
     work.mkdir()
