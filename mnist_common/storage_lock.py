@@ -85,11 +85,37 @@ import time
 import uuid
 from typing import Optional
 
+from mnist_common.flags import EnvironmentValueError, environ_number, number
+
 LOCK_FILE = ".lock"
+HEARTBEAT_ENV = "MNIST_LOCK_HEARTBEAT_SECONDS"
+STALE_ENV = "MNIST_LOCK_STALE_SECONDS"
+_SECONDS = number(float, min=0, min_inclusive=False)
+_ENV_PROBLEMS: list = []
+
+
+def _env_seconds(name: str, default: float) -> float:
+    """``$name`` as seconds (`mnist_common.flags.Number`); a value refused is
+    kept for `check_environment`, which every program calls before it runs
+    and `acquire` before it takes a lock, so the default never stands in."""
+    try:
+        return environ_number(name, _SECONDS, default)
+    except EnvironmentValueError as e:
+        _ENV_PROBLEMS.append(str(e))
+        return default
+
+
 # Read here, at import, from the environment when set there: tests that run a
 # job or trainer as a process shorten them (in-process tests patch them).
-HEARTBEAT_SECONDS = float(os.environ.get("MNIST_LOCK_HEARTBEAT_SECONDS", "10"))
-STALE_SECONDS = float(os.environ.get("MNIST_LOCK_STALE_SECONDS", "300"))
+HEARTBEAT_SECONDS = _env_seconds(HEARTBEAT_ENV, 10.0)
+STALE_SECONDS = _env_seconds(STALE_ENV, 300.0)
+
+
+def check_environment() -> None:
+    """`EnvironmentValueError` (one line naming the variable) when
+    `HEARTBEAT_ENV` or `STALE_ENV` holds no finite number of seconds > 0."""
+    if _ENV_PROBLEMS:
+        raise EnvironmentValueError(_ENV_PROBLEMS[0])
 # Comma-separated host names known to be gone (deleted VMs): a lock held
 # from one of them is taken over at once.
 DEAD_HOSTS_ENV = "MNIST_LOCK_DEAD_HOSTS"
@@ -486,6 +512,7 @@ def acquire(path: str, backend, run_id: str, where: str, gone: frozenset = froze
     """Takes the lock at ``path`` through ``backend`` as ``held`` (`HeldLock`
     or a subclass) or raises `LockRefused`; ``where`` names the folder in
     warnings, ``gone`` as for `claim`. Storage failures propagate."""
+    check_environment()
     info = LockInfo.for_this_process(run_id)
     token, holder = claim(backend, info, where, gone)
     if token is None:
