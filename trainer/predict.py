@@ -32,7 +32,7 @@ import sys
 from typing import Iterator, Optional, Sequence
 
 from mnist_common import console
-from mnist_common.flags import OneLineParser
+from mnist_common.flags import OneLineParser, number
 
 if __name__ == "__main__":  # the command, not an import: before TensorFlow loads
     # Ctrl-C, SIGTERM and SIGHUP end the command with one line and 128+N from
@@ -178,7 +178,8 @@ def evaluate_split(signature, data_dir: str, split: str, limit: Optional[int],
     return correct, total
 
 
-def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+def build_parser() -> OneLineParser:
+    """The command's flags; a number out of range is a usage error (exit 2)."""
     p = OneLineParser(
         prog="python -m trainer.predict", allow_abbrev=False,
         description="Predict digits with a trained model's export: PNG files, or a "
@@ -187,13 +188,17 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p.add_argument("images", nargs="*", help="28x28 PNG files (local or gs://)")
     p.add_argument("--data", help="the conversion job's output directory")
     p.add_argument("--split", default="test", help="with --data (default: test)")
-    p.add_argument("--limit", type=int, default=None,
+    p.add_argument("--limit", type=number(int, min=1), default=None,
                    help="with --data: only the first N examples")
+    p.number_style = "{flag} must be {requirement}, not {value}"
+    return p
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    p = build_parser()
     args = p.parse_args(argv)
     if bool(args.images) == bool(args.data):
         p.error("give PNG files or --data, not both / neither")
-    if args.limit is not None and args.limit < 1:
-        p.error(f"--limit must be >= 1, not {args.limit}")
     return args
 
 
