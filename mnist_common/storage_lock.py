@@ -9,7 +9,8 @@ created only if absent. The lock names its run (id, host, pid, start time)
 and carries a heartbeat that a background thread refreshes every
 `HEARTBEAT_SECONDS` while the run lives. A second run refuses with one line
 naming the holder, unless the holder is provably dead: same host and its
-pid gone, a heartbeat older than `STALE_SECONDS`, or a host that the
+pid gone, a heartbeat older than `STALE_SECONDS` on the storage's clock
+(`heartbeat_age`: the holder's own clock never counts), or a host that the
 caller names as gone in `DEAD_HOSTS_ENV` (the TPU launcher names the hosts
 of a VM it has deleted, whose holder would otherwise count as live for
 `STALE_SECONDS` after its last heartbeat) unless it is this host and the
@@ -35,7 +36,8 @@ local disk     `LocalLockFile`. Created with ``O_CREAT|O_EXCL``; the
                refreshed only at the generation this run wrote, taken over
                by a delete at the generation judged stale. GCS decides each
                race (HTTP 412 to the loser), so exactly one run wins, and a
-               run whose lock was taken over can no longer refresh it.
+               run whose lock was taken over can no longer refresh it. The
+               heartbeat is the object's update time (GCS's clock).
 other gfile    `GfileLockFile` (``tf.io.gfile``: TensorFlow is imported
 schemes        only when such a lock is used, by the trainer). gfile has
 (``ram://``,   no create-if-absent: the lock is written under a unique

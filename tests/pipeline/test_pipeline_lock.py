@@ -76,6 +76,18 @@ def test_live_holder_on_another_host_is_not_taken_over(output):
         lock.acquire(output, "mine")
 
 
+def test_a_holders_host_cannot_split_the_error_line(tmp_path, capsys):
+    """The lock's host is another run's text: shown escaped, on the one line."""
+    from pipeline.__main__ import main
+    out = tmp_path / "out"
+    out.mkdir()
+    plant_lock(str(out), host="vm\nerror: all good")
+    assert main(["--source=synthetic:10", f"--output={out}"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {out}: locked by run other "
+                                                   "(host 'vm\\nerror: all good', pid 1"), lines
+
+
 @pytest.mark.parametrize("holder", ["pid gone on this host", "heartbeat too old"])
 def test_dead_holder_is_taken_over_with_a_warning(output, holder, caplog):
     import socket
