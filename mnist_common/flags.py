@@ -72,7 +72,8 @@ class NumberError(argparse.ArgumentTypeError, ValueError):
 
     def __init__(self, number: "Number", value):
         self.number, self.value = number, value
-        super().__init__(f"must be {number.requirement}, not {value}")
+        self.requirement = number.refusal(value)
+        super().__init__(f"must be {self.requirement}, not {value}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +131,14 @@ class Number:
             parts.append(f"{'<=' if self.max_inclusive else '<'} {_bound(self.max)}")
         return " and ".join(parts)
 
+    def refusal(self, value) -> str:
+        """What a refused ``value`` must be: `requirement`, or, past the
+        ``max`` of a spec with ``words``, ``"at most MAX"``."""
+        if self.words and self.max is not None and isinstance(value, (int, float)) \
+                and math.isfinite(value) and not value < self.max:
+            return f"at most {_bound(self.max)}"
+        return self.requirement
+
     @property
     def requirement(self) -> str:
         """``"a finite number > 0"`` (float) or ``">= 1"`` (int): what the
@@ -151,6 +160,11 @@ def number(kind: type = float, *, min: Optional[float] = None,  # pylint: disabl
            max_inclusive: bool = True, words: Optional[str] = None) -> Number:
     """`Number`: the type of every numeric flag and environment variable."""
     return Number(kind, min, max, min_inclusive, max_inclusive, words)
+
+
+# Seconds a program waits for: finite, > 0 and at most 10**9 (31 years), which
+# every sleep and timeout of the platform holds (a longer one overflows).
+SECONDS = number(float, min=0, min_inclusive=False, max=10**9)
 
 
 class EnvironmentValueError(ValueError):
@@ -223,7 +237,7 @@ class OneLineParser(argparse.ArgumentParser):
         except NumberError as e:
             flag = max(action.option_strings, key=len, default=action.dest)
             line = self.number_style.format(flag=flag, value=e.value,
-                                            requirement=e.number.requirement)
+                                            requirement=e.requirement)
         except ValueError:
             return super()._get_value(action, arg_string)  # "invalid int value: 'x'"
         if self.number_error is not None:

@@ -88,12 +88,11 @@ import time
 import uuid
 from typing import Optional
 
-from mnist_common.flags import EnvironmentValueError, environ_number, number
+from mnist_common.flags import SECONDS, EnvironmentValueError, environ_number
 
 LOCK_FILE = ".lock"
 HEARTBEAT_ENV = "MNIST_LOCK_HEARTBEAT_SECONDS"
 STALE_ENV = "MNIST_LOCK_STALE_SECONDS"
-_SECONDS = number(float, min=0, min_inclusive=False)
 _ENV_PROBLEMS: list = []
 
 
@@ -102,7 +101,7 @@ def _env_seconds(name: str, default: float) -> float:
     kept for `check_environment`, which every program calls before it runs
     and `acquire` before it takes a lock, so the default never stands in."""
     try:
-        return environ_number(name, _SECONDS, default)
+        return environ_number(name, SECONDS, default)
     except EnvironmentValueError as e:
         _ENV_PROBLEMS.append(str(e))
         return default
@@ -116,7 +115,7 @@ STALE_SECONDS = _env_seconds(STALE_ENV, 300.0)
 
 def check_environment() -> None:
     """`EnvironmentValueError` (one line naming the variable) when
-    `HEARTBEAT_ENV` or `STALE_ENV` holds no finite number of seconds > 0."""
+    `HEARTBEAT_ENV` or `STALE_ENV` holds no `SECONDS` (finite, > 0, at most 10**9)."""
     if _ENV_PROBLEMS:
         raise EnvironmentValueError(_ENV_PROBLEMS[0])
 # Comma-separated host names known to be gone (deleted VMs): a lock held

@@ -32,7 +32,7 @@ import threading
 import time
 from typing import Iterable
 
-from mnist_common.flags import environ_number, number
+from mnist_common.flags import SECONDS, environ_number
 from mnist_contract import join_path
 
 from pipeline import _compat
@@ -49,9 +49,9 @@ def configure_gcs() -> None:
 
 def gcs_retry_deadline():
     """``$MNIST_GCS_RETRY_DEADLINE_S`` in seconds, None when unset; a value that
-    is no finite number > 0: `mnist_common.flags.EnvironmentValueError`
+    is no `mnist_common.flags.SECONDS`: `mnist_common.flags.EnvironmentValueError`
     (the command line checks it before anything runs: `pipeline.options`)."""
-    return environ_number(RETRY_DEADLINE_ENV, number(float, min=0, min_inclusive=False), None)
+    return environ_number(RETRY_DEADLINE_ENV, SECONDS, None)
 
 
 def apply_gcs_retry_deadline() -> None:

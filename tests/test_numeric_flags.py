@@ -21,7 +21,8 @@ import sys
 
 import pytest
 
-from mnist_common.flags import Number
+from mnist_common.flags import (SECONDS, EnvironmentValueError, Number, NumberError,
+                                environ_number, number)
 from tests.helpers import REPO
 
 # command -> (module, its parser factory, its entry point, the other arguments
@@ -42,6 +43,29 @@ PROGRAMS = {
 }
 # The packages of the commands (benchmarks/ is not one: its scripts are tools).
 PRODUCT = ("pipeline", "trainer", "launch", "mnist_common", "mnist_contract", "scripts")
+
+
+def test_the_shared_type_takes_finite_numbers_in_range_only():
+    rate = number(float, min=0, max=1, max_inclusive=False)
+    assert (rate("0"), rate("0.5")) == (0.0, 0.5)
+    for text in ("nan", "inf", "-inf", "1", "-0.1", "1e400"):
+        with pytest.raises(NumberError):
+            rate(text)
+    with pytest.raises(ValueError) as caught:
+        rate("half")
+    assert not isinstance(caught.value, NumberError)  # argparse: "invalid float value"
+    assert rate.requirement == "a finite number >= 0 and < 1"
+    assert number(int, min=1).requirement == ">= 1"
+    with pytest.raises(ValueError):
+        number(int, min=0)("1e3")  # an int is written as one
+
+
+def test_an_environment_number_is_its_default_when_unset_else_checked():
+    assert environ_number("X", SECONDS, 5.0, environ={}) == 5.0
+    assert environ_number("X", SECONDS, 5.0, environ={"X": " 2 "}) == 2.0
+    with pytest.raises(EnvironmentValueError, match=r"^X='abc': must be a finite number "
+                                                    r"> 0 and <= 1000000000$"):
+        environ_number("X", SECONDS, 5.0, environ={"X": "abc"})
 
 
 def _parser(program: str) -> argparse.ArgumentParser:
@@ -158,7 +182,7 @@ COMMAND_ARGS = {"pipeline": ["--source=synthetic:10", "--output={tmp}/out"],
 
 @pytest.mark.parametrize("name, module", [(n, m) for n, ms in ENVIRONMENT.items()
                                           for m in ms])
-@pytest.mark.parametrize("value", ["abc", "nan", "-inf", "0"])
+@pytest.mark.parametrize("value", ["abc", "nan", "-inf", "0", "1e300"])
 def test_an_environment_number_is_read_like_a_flag(name, module, value, tmp_path):
     env = {**os.environ, name: value, "TF_CPP_MIN_LOG_LEVEL": "2"}
     args = [a.format(tmp=tmp_path) for a in COMMAND_ARGS[module]]
@@ -166,7 +190,7 @@ def test_an_environment_number_is_read_like_a_flag(name, module, value, tmp_path
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert proc.stderr.splitlines() == [
-        f"error: {name}={value!r}: must be a finite number > 0"], proc.stderr
+        f"error: {name}={value!r}: must be a finite number > 0 and <= 1000000000"], proc.stderr
     assert sorted(os.listdir(tmp_path)) == []
 
 

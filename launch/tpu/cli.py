@@ -105,8 +105,11 @@ VM_STEPS = ("wait", "status", "logs", "delete")
 VERBS = STEPS + ("status", "logs", "all", "run")
 PROGRAM = "mnist-launch-tpu"
 # The numeric flags' types: finite, in range, refused while parsing (exit 2).
-POSITIVE_SECONDS = number(float, min=0, min_inclusive=False, words="positive")
-AT_LEAST_0_SECONDS = number(float, min=0, words="0 or more")
+# Seconds stop at 10**9 (31 years): a sleep far longer overflows the platform's time.
+MAX_SECONDS = 10**9
+POSITIVE_SECONDS = number(float, min=0, min_inclusive=False, max=MAX_SECONDS,
+                          words="positive")
+AT_LEAST_0_SECONDS = number(float, min=0, max=MAX_SECONDS, words="0 or more")
 AT_LEAST_0_INT = number(int, min=0, words="0 or more")
 
 

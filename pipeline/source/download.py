@@ -21,7 +21,7 @@ import time
 import urllib.error
 import urllib.request
 
-from mnist_common.flags import EnvironmentValueError, environ_number, number
+from mnist_common.flags import SECONDS, EnvironmentValueError, environ_number
 from pipeline.errors import PipelineInputError
 from pipeline.shard.config import MB
 from pipeline.source import idx
@@ -51,8 +51,7 @@ DEFAULT_DEADLINE_S = 600.0
 def download_deadline() -> float:
     """Seconds one file's download may take in all (``$MNIST_DOWNLOAD_DEADLINE_S``)."""
     try:
-        return environ_number(DEADLINE_ENV, number(float, min=0, min_inclusive=False),
-                              DEFAULT_DEADLINE_S)
+        return environ_number(DEADLINE_ENV, SECONDS, DEFAULT_DEADLINE_S)
     except EnvironmentValueError as e:
         raise PipelineInputError(str(e)) from None
 
