@@ -132,12 +132,31 @@ class Number:
         return " and ".join(parts)
 
     def refusal(self, value) -> str:
-        """What a refused ``value`` must be: `requirement`, or, past the
-        ``max`` of a spec with ``words``, ``"at most MAX"``."""
-        if self.words and self.max is not None and isinstance(value, (int, float)) \
-                and math.isfinite(value) and not value < self.max:
-            return f"at most {_bound(self.max)}"
-        return self.requirement
+        """What a refused ``value`` must be: ``words`` (past the ``max`` of a
+        spec with words: ``"at most MAX"``); for an int, the bound it breaks
+        (``">= 1"``); else `requirement`."""
+        broken = self._broken_bound(value)
+        if self.words:
+            return f"at most {_bound(self.max)}" if broken.startswith("<") else self.words
+        return broken if self.kind is int and broken else self.requirement
+
+    def bound_text(self, value) -> str:
+        """The bounds as a refusal of ``value`` names them: an int's broken
+        bound, else `range_text`."""
+        broken = self._broken_bound(value)
+        return broken if self.kind is int and broken else self.range_text
+
+    def _broken_bound(self, value) -> str:
+        """``">= 1"`` or ``"<= 9"``: the bound a finite ``value`` breaks, else ""."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                or not math.isfinite(value):
+            return ""
+        low, high = Number(self.kind, min=self.min, min_inclusive=self.min_inclusive), \
+            Number(self.kind, max=self.max, max_inclusive=self.max_inclusive)
+        for part in (low, high):
+            if not part.accepts(value):
+                return part.range_text
+        return ""
 
     @property
     def requirement(self) -> str:

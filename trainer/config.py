@@ -38,9 +38,10 @@ SCHEDULES = ("constant", "cosine")
 PRECISIONS = ("none", "bfloat16")
 
 # The numeric fields' types (`mnist_common.flags.Number`): finite, in range.
-# A seed is numpy's too (``np.random.seed``: 0 <= seed < 2**32).
-COUNT = number(int, min=1)
-COUNT_OR_0 = number(int, min=0)
+# Counts stop at 2**31 - 1, which TensorFlow's integer tensors hold; a seed
+# is numpy's too (``np.random.seed``: 0 <= seed < 2**32).
+COUNT = number(int, min=1, max=2**31 - 1)
+COUNT_OR_0 = number(int, min=0, max=2**31 - 1)
 POSITIVE = number(float, min=0, min_inclusive=False)
 AT_LEAST_0 = number(float, min=0)
 RATE = number(float, min=0, max=1, max_inclusive=False)
@@ -200,7 +201,7 @@ class TrainConfig:
         for f in dataclasses.fields(self):
             spec, value = f.metadata.get("number"), getattr(self, f.name)
             _require(spec is None or value is None or spec.accepts(value),
-                     f"--{f.name} must be {spec and spec.range_text}, not {value}")
+                     f"--{f.name} must be {spec and spec.bound_text(value)}, not {value}")
 
 
 # Field values a preset sets; explicit flags (or keyword arguments) win.

@@ -188,7 +188,7 @@ def build_parser() -> OneLineParser:
     p.add_argument("images", nargs="*", help="28x28 PNG files (local or gs://)")
     p.add_argument("--data", help="the conversion job's output directory")
     p.add_argument("--split", default="test", help="with --data (default: test)")
-    p.add_argument("--limit", type=number(int, min=1), default=None,
+    p.add_argument("--limit", type=number(int, min=1, max=2**31 - 1), default=None,
                    help="with --data: only the first N examples")
     p.number_style = "{flag} must be {requirement}, not {value}"
     return p
