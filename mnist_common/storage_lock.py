@@ -118,6 +118,8 @@ def check_environment() -> None:
     `HEARTBEAT_ENV` or `STALE_ENV` holds no `SECONDS` (finite, > 0, at most 10**9)."""
     if _ENV_PROBLEMS:
         raise EnvironmentValueError(_ENV_PROBLEMS[0])
+
+
 # Comma-separated host names known to be gone (deleted VMs): a lock held
 # from one of them is taken over at once.
 DEAD_HOSTS_ENV = "MNIST_LOCK_DEAD_HOSTS"

@@ -126,8 +126,9 @@ def test_live_holder_elsewhere_is_not_taken_over(model_dir):
 @pytest.mark.parametrize("content", [b"", b"\x00garbage"], ids=["empty", "garbage"])
 def test_an_unreadable_lock_is_named_as_such(tmp_path, content):
     """Not "in use by run ? (pid -1)": the file, that it is unreadable, its age.
-    (On gs:// and ram:// a lock has no age but its content's heartbeat, or an
-    mtime of 0: an unreadable one there is stale, and taken over at once.)"""
+    (On ram:// a lock has no age but its content's heartbeat, or an mtime of
+    0: an unreadable one there is stale, and taken over at once; on gs:// its
+    age is the object's update time, as a local file's is its mtime.)"""
     model_dir = str(tmp_path)
     path = f"{model_dir}/{storage_lock.LOCK_FILE}"
     with open(path, "wb") as f:
