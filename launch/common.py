@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 from mnist_common import console
+from mnist_common.flags import OneLineParser
 
 # The folder that holds the `launch` package: a checkout's root (with its
 # pyproject.toml), or the site-packages folder of an installed copy
@@ -53,6 +54,15 @@ class LaunchError(Exception):
 class ConfigError(LaunchError, ValueError):
     """A required setting is missing or invalid (bad input: exit 2)."""
     code = console.BAD_INPUT
+
+
+class LauncherParser(OneLineParser):
+    """The launchers' parser: a number its `mnist_common.flags.Number` type
+    refuses is a `ConfigError` ``--flag must be REQUIREMENT`` (exit 2), as
+    the launchers' other settings are."""
+
+    number_style = "{flag} must be {requirement}"
+    number_error = ConfigError
 
 
 class RunFailure(LaunchError):

@@ -62,7 +62,7 @@ from launch import common as lc
 from launch import staging as wheels
 
 from mnist_common import console
-from mnist_common.flags import OneLineParser
+from mnist_common.flags import number
 
 PROGRAM = "mnist-launch-dataflow"
 
@@ -103,8 +103,9 @@ def default_job_name(now: _dt.datetime | None = None) -> str:
     return "mnist-tfrecords-" + now.strftime("%Y%m%d-%H%M%S")
 
 
-def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
-    parser = OneLineParser(
+def build_parser() -> lc.LauncherParser:
+    """The launcher's flags; a refused number is a `lc.ConfigError`."""
+    parser = lc.LauncherParser(
         allow_abbrev=False,
         description="Run `python -m pipeline` on Dataflow with this project "
                     "staged on the workers. Unknown arguments go to the "
@@ -120,9 +121,10 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--output", help="gs:// prefix for shards + metadata")
     parser.add_argument("--job_name", help="default: mnist-tfrecords-<UTC>")
     parser.add_argument("--source", help="passed to the pipeline's --source")
-    parser.add_argument("--target_shard_mb", type=float)
-    parser.add_argument("--num_workers", type=int)
-    parser.add_argument("--max_num_workers", type=int)
+    parser.add_argument("--target_shard_mb", type=number(float, min=0, min_inclusive=False,
+                                                          words="positive"))
+    parser.add_argument("--num_workers", type=number(int, min=1, words="at least 1"))
+    parser.add_argument("--max_num_workers", type=number(int, min=1, words="at least 1"))
     parser.add_argument("--machine_type", help="worker type, e.g. n2-standard-4")
     parser.add_argument("--experiments", action="append", default=[],
                         help="Dataflow experiment; repeat for several")
@@ -145,7 +147,11 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
                              "(offline machines)")
     parser.add_argument("--dry_run", action="store_true",
                         help="print the commands and exit")
-    args, rest = parser.parse_known_args(list(argv))
+    return parser
+
+
+def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    args, rest = build_parser().parse_known_args(list(argv))
     _refuse_abbreviations(args, rest)
     return args, rest
 
@@ -174,13 +180,8 @@ def _required(value, names: Sequence[str], flag: str,
 
 
 def _check_job_flags(args: argparse.Namespace, pipeline_args: Sequence[str]) -> None:
-    """Refuses a shard size, worker counts and pipeline flags no Dataflow job could take."""
-    if args.target_shard_mb is not None and args.target_shard_mb <= 0:
-        raise lc.ConfigError("--target_shard_mb must be positive")
-    for flag in ("num_workers", "max_num_workers"):
-        value = getattr(args, flag)
-        if value is not None and value < 1:
-            raise lc.ConfigError(f"--{flag} must be at least 1")
+    """Refuses pipeline flags the launcher sets (the numbers' ranges are
+    their types', checked while parsing)."""
     for arg in pipeline_args:
         if arg.split("=", 1)[0] in ("--runner", "--setup_file"):
             raise lc.ConfigError(

@@ -9,7 +9,8 @@ created only if absent. The lock names its run (id, host, pid, start time)
 and carries a heartbeat that a background thread refreshes every
 `HEARTBEAT_SECONDS` while the run lives. A second run refuses with one line
 naming the holder, unless the holder is provably dead: same host and its
-pid gone, a heartbeat older than `STALE_SECONDS`, or a host that the
+pid gone, a heartbeat older than `STALE_SECONDS` on the storage's clock
+(`heartbeat_age`: the holder's own clock never counts), or a host that the
 caller names as gone in `DEAD_HOSTS_ENV` (the TPU launcher names the hosts
 of a VM it has deleted, whose holder would otherwise count as live for
 `STALE_SECONDS` after its last heartbeat) unless it is this host and the
@@ -35,7 +36,8 @@ local disk     `LocalLockFile`. Created with ``O_CREAT|O_EXCL``; the
                refreshed only at the generation this run wrote, taken over
                by a delete at the generation judged stale. GCS decides each
                race (HTTP 412 to the loser), so exactly one run wins, and a
-               run whose lock was taken over can no longer refresh it.
+               run whose lock was taken over can no longer refresh it. The
+               heartbeat is the object's update time (GCS's clock).
 other gfile    `GfileLockFile` (``tf.io.gfile``: TensorFlow is imported
 schemes        only when such a lock is used, by the trainer). gfile has
 (``ram://``,   no create-if-absent: the lock is written under a unique
@@ -78,6 +80,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -85,11 +88,38 @@ import time
 import uuid
 from typing import Optional
 
+from mnist_common.flags import SECONDS, EnvironmentValueError, environ_number
+
 LOCK_FILE = ".lock"
+HEARTBEAT_ENV = "MNIST_LOCK_HEARTBEAT_SECONDS"
+STALE_ENV = "MNIST_LOCK_STALE_SECONDS"
+_ENV_PROBLEMS: list = []
+
+
+def _env_seconds(name: str, default: float) -> float:
+    """``$name`` as seconds (`mnist_common.flags.Number`); a value refused is
+    kept for `check_environment`, which every program calls before it runs
+    and `acquire` before it takes a lock, so the default never stands in."""
+    try:
+        return environ_number(name, SECONDS, default)
+    except EnvironmentValueError as e:
+        _ENV_PROBLEMS.append(str(e))
+        return default
+
+
 # Read here, at import, from the environment when set there: tests that run a
 # job or trainer as a process shorten them (in-process tests patch them).
-HEARTBEAT_SECONDS = float(os.environ.get("MNIST_LOCK_HEARTBEAT_SECONDS", "10"))
-STALE_SECONDS = float(os.environ.get("MNIST_LOCK_STALE_SECONDS", "300"))
+HEARTBEAT_SECONDS = _env_seconds(HEARTBEAT_ENV, 10.0)
+STALE_SECONDS = _env_seconds(STALE_ENV, 300.0)
+
+
+def check_environment() -> None:
+    """`EnvironmentValueError` (one line naming the variable) when
+    `HEARTBEAT_ENV` or `STALE_ENV` holds no `SECONDS` (finite, > 0, at most 10**9)."""
+    if _ENV_PROBLEMS:
+        raise EnvironmentValueError(_ENV_PROBLEMS[0])
+
+
 # Comma-separated host names known to be gone (deleted VMs): a lock held
 # from one of them is taken over at once.
 DEAD_HOSTS_ENV = "MNIST_LOCK_DEAD_HOSTS"
@@ -119,11 +149,18 @@ class LockInfo:
 
     @classmethod
     def from_bytes(cls, data: bytes, heartbeat: float) -> "LockInfo":
-        """Parses a lock; an unreadable one (half written) counts as an unknown holder."""
+        """Parses a lock; an unreadable one (half written) counts as an unknown holder.
+
+        ``heartbeat``: the storage's time of the lock's last write (a local
+        file's mtime, a GCS object's update time), the one the judgment
+        trusts (`heartbeat_age`); the content's own heartbeat is the holder's
+        clock, used only where the storage keeps no time (0.0).
+        """
         try:
             raw = json.loads(data.decode())
             return cls(str(raw["run_id"]), str(raw["host"]), int(raw["pid"]),
-                       float(raw["started"]), max(float(raw["heartbeat"]), heartbeat))
+                       float(raw["started"]),
+                       heartbeat if heartbeat > 0 else float(raw["heartbeat"]))
         except (ValueError, KeyError, TypeError, AttributeError):
             return cls("?", "?", -1, heartbeat, heartbeat)
 
@@ -133,12 +170,43 @@ class LockInfo:
         return self.run_id == "?" and self.pid == -1
 
     def describe(self, now: float) -> str:
+        """One line naming the holder; its fields are escaped (`shown`), so
+        a lock's content cannot break the line."""
+        beat = _beat_ago(self.heartbeat, now)
         if self.unreadable:
             return (f"an unreadable lock file (empty or not a run's JSON), last written "
-                    f"{max(0, now - self.heartbeat):.0f}s ago")
-        started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.started))
-        return (f"run {self.run_id} (host {self.host}, pid {self.pid}, started "
-                f"{started}, heartbeat {max(0, now - self.heartbeat):.0f}s ago)")
+                    f"{beat}")
+        return (f"run {shown(self.run_id)} (host {shown(self.host)}, pid {self.pid}, "
+                f"started {_stamp(self.started)}, heartbeat {beat})")
+
+
+def shown(text: str) -> str:
+    """``text`` for a one-line message: as is when printable, else quoted and
+    escaped as Python's repr (``'a\\nerror: b'``)."""
+    return text if text.isprintable() and text.strip() == text and text else repr(text)
+
+
+def _stamp(seconds: float) -> str:
+    """``2026-12-07T03:00:00Z``, or ``?`` for a time no calendar holds."""
+    try:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+    except (OverflowError, OSError, ValueError):
+        return "?"
+
+
+def heartbeat_age(heartbeat: float, now: float) -> float:
+    """Seconds since ``heartbeat`` (`LockInfo.from_bytes`: the storage's time
+    of the last write); ``inf`` for none: not finite, or more than
+    `STALE_SECONDS` ahead of ``now`` (no clock runs that far off, so no live
+    run wrote it). A smaller lead is clock skew, age 0."""
+    if not math.isfinite(heartbeat) or heartbeat > now + STALE_SECONDS:
+        return math.inf
+    return max(0.0, now - heartbeat)
+
+
+def _beat_ago(heartbeat: float, now: float) -> str:
+    age = heartbeat_age(heartbeat, now)
+    return f"{age:.0f}s ago" if math.isfinite(age) else "none (not finite, or in the future)"
 
 
 def dead_reason(info: LockInfo, now: float, host: Optional[str] = None,
@@ -150,20 +218,23 @@ def dead_reason(info: LockInfo, now: float, host: Optional[str] = None,
     holder is dead; alive, the host is not gone, whatever ``gone`` says (a
     hand-set `DEAD_HOSTS_ENV` naming this host never takes a live run's
     lock). A heartbeat older than `STALE_SECONDS` still counts as dead: a
-    stopped process (SIGSTOP, a frozen VM) keeps its pid.
+    stopped process (SIGSTOP, a frozen VM) keeps its pid. The heartbeat is
+    the storage's time (`LockInfo.from_bytes`), judged by `heartbeat_age`.
     """
     alive_here = False
     if info.host == (host or socket.gethostname()) and info.pid > 0:
         if not _pid_alive(info.pid):
             return f"pid {info.pid} is gone on this host"
         alive_here = True
-    if now - info.heartbeat > STALE_SECONDS:
-        return f"heartbeat {now - info.heartbeat:.0f}s old (> {STALE_SECONDS:.0f}s)"
+    age = heartbeat_age(info.heartbeat, now)
+    if age > STALE_SECONDS:
+        return (f"heartbeat {age:.0f}s old (> {STALE_SECONDS:.0f}s)" if math.isfinite(age)
+                else "no valid heartbeat (not finite, or in the future)")
     if info.host in gone and not alive_here:
-        return f"its host {info.host} is gone ({DEAD_HOSTS_ENV})"
+        return f"its host {shown(info.host)} is gone ({DEAD_HOSTS_ENV})"
     if info.host in gone:
         logging.warning("%s names %s as gone, but pid %d lives on it: the lock is not "
-                        "taken over", DEAD_HOSTS_ENV, info.host, info.pid)
+                        "taken over", DEAD_HOSTS_ENV, shown(info.host), info.pid)
     return ""
 
 
@@ -171,7 +242,7 @@ def _pid_alive(pid: int) -> bool:
     """Whether ``pid`` exists on this host (one of another user's counts)."""
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):  # OverflowError: no pid is that large
         return False
     except PermissionError:
         pass
@@ -243,9 +314,9 @@ def split_gs_path(path: str) -> tuple[str, str]:
 
 class GcsLockObject:
     """The lock as a GCS object. A token is its generation (the guarantee:
-    the module's table). The heartbeat is the one the content carries (``read``
-    reports 0.0: an object's update time is the server's clock, not the
-    holder's). ``bucket`` is a ``google.cloud.storage.Bucket``; ``retry``
+    the module's table). The heartbeat is the object's update time: the
+    storage's clock, set by each refresh, whatever the holder's clock says.
+    ``bucket`` is a ``google.cloud.storage.Bucket``; ``retry``
     (a ``google.api_core.retry.Retry``) and ``timeout`` (seconds, or a
     (connect, read) pair), when given, go with every request, else the
     library's defaults do.
@@ -276,7 +347,7 @@ class GcsLockObject:
             data = blob.download_as_bytes(if_generation_match=generation, **self._request)
         except (exceptions.NotFound, exceptions.PreconditionFailed):
             return None  # gone, or replaced since: the caller tries again
-        return data, generation, 0.0
+        return data, generation, blob.updated.timestamp() if blob.updated else 0.0
 
     def refresh(self, token, data: bytes):
         from google.api_core import exceptions
@@ -486,6 +557,7 @@ def acquire(path: str, backend, run_id: str, where: str, gone: frozenset = froze
     """Takes the lock at ``path`` through ``backend`` as ``held`` (`HeldLock`
     or a subclass) or raises `LockRefused`; ``where`` names the folder in
     warnings, ``gone`` as for `claim`. Storage failures propagate."""
+    check_environment()
     info = LockInfo.for_this_process(run_id)
     token, holder = claim(backend, info, where, gone)
     if token is None:

@@ -16,14 +16,15 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import math
 import os
 import sys
 from typing import Any, Sequence
 
 import mnist_contract as contract
 
-from mnist_common.flags import OneLineParser, misspelling, option_strings
+from mnist_common import storage_lock
+from mnist_common.flags import (EnvironmentValueError, OneLineParser, misspelling, number,
+                                option_strings)
 from pipeline import _compat, credentials
 from pipeline.errors import PipelineInputError
 from pipeline.shard.config import MB, SHARDS
@@ -74,13 +75,13 @@ def _add_location_arguments(parser) -> None:
 
 def _add_sharding_arguments(parser) -> None:
     parser.add_argument(
-        "--target_shard_mb", type=float, default=100.0,
+        "--target_shard_mb", type=number(float, min=0, min_inclusive=False), default=100.0,
         help="Target size of each TFRecord file in MB (10^6 bytes).")
     parser.add_argument(
-        "--target_shard_bytes", type=int, default=None,
+        "--target_shard_bytes", type=number(int, min=0, min_inclusive=False), default=None,
         help="Target shard size in bytes; overrides --target_shard_mb.")
     parser.add_argument(
-        "--min_shards", type=int, default=1,
+        "--min_shards", type=number(int, min=1), default=1,
         help="At least this many shards per split (e.g. the number of hosts that "
              "will read it); never more than the split has records.")
     parser.add_argument(
@@ -185,15 +186,9 @@ def check_values(args, leftover: Sequence[str] = ()) -> list[str]:
     if not args.output:
         raise FlagError("--output is required (a folder or gs://bucket/prefix)"
                         + misspelling(leftover, ["--output"]))
-    mb = args.target_shard_mb
-    if not math.isfinite(mb) or mb <= 0:
-        raise FlagError(f"--target_shard_mb={mb}: must be a finite number > 0")
-    if args.target_shard_bytes is not None and args.target_shard_bytes <= 0:
-        raise FlagError(f"--target_shard_bytes={args.target_shard_bytes}: must be > 0")
-    if _target_bytes(args) <= 0:
-        raise FlagError(f"--target_shard_mb={mb}: less than one byte per shard")
-    if args.min_shards < 1:
-        raise FlagError(f"--min_shards={args.min_shards}: must be >= 1")
+    if _target_bytes(args) <= 0:  # each number's own range: its type (`number`)
+        raise FlagError(f"--target_shard_mb={args.target_shard_mb}: less than one "
+                        "byte per shard")
     splits = [s for s in args.splits.split(",") if s]
     unknown = sorted(set(splits) - set(contract.SPLITS))
     if unknown or not splits:
@@ -281,6 +276,7 @@ def parse(argv: Sequence[str]) -> Options:
     args, beam_args = parse_job_flags(argv)
     splits = check_values(args, beam_args)
     check_source(args.source)
+    check_environment()
     beam_values = _beam_values(beam_args)
     credentials.require([args.output, args.source, *beam_locations(beam_values)],
                         beam_values.runner)
@@ -292,6 +288,19 @@ def parse(argv: Sequence[str]) -> Options:
            if hasattr(args, f.name)}
     return Options(**{**job, "splits": tuple(splits)}, runner=runner,
                    data_source=data_source, beam=beam)
+
+
+def check_environment() -> None:
+    """The environment variables the job reads as numbers, refused as its
+    flags are (`FlagError`, one line naming the variable), before anything runs."""
+    from pipeline import storage
+    from pipeline.source import download
+    try:
+        storage_lock.check_environment()
+        storage.gcs_retry_deadline()
+    except EnvironmentValueError as e:
+        raise FlagError(str(e)) from None
+    download.download_deadline()  # its own PipelineInputError (exit 2)
 
 
 def beam_locations(beam_values: argparse.Namespace) -> list[str]:

@@ -32,6 +32,7 @@ import threading
 import time
 from typing import Iterable
 
+from mnist_common.flags import SECONDS, environ_number
 from mnist_contract import join_path
 
 from pipeline import _compat
@@ -46,15 +47,18 @@ def configure_gcs() -> None:
     use_anonymous_gcs_for_emulator()
 
 
+def gcs_retry_deadline():
+    """``$MNIST_GCS_RETRY_DEADLINE_S`` in seconds, None when unset; a value that
+    is no `mnist_common.flags.SECONDS`: `mnist_common.flags.EnvironmentValueError`
+    (the command line checks it before anything runs: `pipeline.options`)."""
+    return environ_number(RETRY_DEADLINE_ENV, SECONDS, None)
+
+
 def apply_gcs_retry_deadline() -> None:
     """Gives Beam's GCS retries the deadline ``$MNIST_GCS_RETRY_DEADLINE_S``, if set."""
-    value = os.environ.get(RETRY_DEADLINE_ENV)
-    if not value:
-        return
-    deadline = float(value)
-    if not deadline > 0:
-        raise ValueError(f"{RETRY_DEADLINE_ENV}={value}: expected seconds > 0")
-    _compat.set_gcs_retry_deadline(deadline)
+    deadline = gcs_retry_deadline()
+    if deadline is not None:
+        _compat.set_gcs_retry_deadline(deadline)
 
 
 def use_anonymous_gcs_for_emulator() -> None:

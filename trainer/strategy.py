@@ -25,6 +25,7 @@ from typing import Callable, Optional, Sequence
 
 import tensorflow as tf
 
+from mnist_common.flags import number
 from trainer import _compat, cluster
 from trainer.errors import TrainerError, TrainerInputError, summarize_error
 
@@ -32,6 +33,7 @@ log = logging.getLogger(__name__)
 
 # Device files present on Cloud TPU VMs (v2/v3 expose /dev/accel*, v4 and
 # later go through VFIO). Used only as a hint by strategy=auto.
+PORTS = number(int, min=1, max=65535)  # a TF_CONFIG address's port
 _TPU_DEVICE_HINTS = ("/dev/accel0", "/dev/vfio/0")
 
 
@@ -120,7 +122,8 @@ def check_tf_config(raw: str) -> None:
     """``TF_CONFIG`` names a cluster and this task in it, before TensorFlow
     reads it (it raises a bare ValueError for a missing task, an index past
     its type's list or a type not in the cluster, and runs a JSON list as
-    one worker). Each refusal is bad input (exit 2), naming TF_CONFIG."""
+    one worker, and a port out of 1..65535 overflows the socket call). Each
+    refusal is bad input (exit 2), naming TF_CONFIG."""
     try:
         config = json.loads(raw)
     except json.JSONDecodeError as e:
@@ -139,11 +142,22 @@ def check_tf_config(raw: str) -> None:
     if kind not in cluster:
         raise TrainerInputError(f"TF_CONFIG: task type {kind!r} is not in the cluster "
                                 f"({', '.join(sorted(cluster))})")
+    for address in (a for hosts in cluster.values() for a in hosts):
+        _check_port(address)
     if not isinstance(index, int) or isinstance(index, bool) or not (
             0 <= index < len(cluster[kind])):
         raise TrainerInputError(f"TF_CONFIG: task index {index!r} is not one of the "
                                 f"{len(cluster[kind])} {kind!r} address(es) (0..."
                                 f"{len(cluster[kind]) - 1})")
+
+
+def _check_port(address: str) -> None:
+    """A cluster address ends ``:PORT``, PORT a `PORTS` number."""
+    try:
+        PORTS(address.rpartition(":")[2])
+    except ValueError:
+        raise TrainerInputError(f"TF_CONFIG: address {address!r}: the port must be "
+                                f"an integer {PORTS.range_text}") from None
 
 
 def make_strategy(kind: str = "auto", tpu: Optional[str] = None,

@@ -102,13 +102,20 @@ from launch.tpu.commands import (DEFAULT_LIBTPU, DEFAULT_TENSORFLOW,
                                  PREINSTALLED, TpuConfig, check_trainer_args, phases, plan)
 from launch.tpu.topology import api_accelerator, default_runtime_version, is_multi_host
 from mnist_common import console
-from mnist_common.flags import OneLineParser
+from mnist_common.flags import number
 
 STEPS = ("create", "setup", "train", "wait", "delete")
 # Steps that only talk to an existing VM: they need its name and zone alone.
 VM_STEPS = ("wait", "status", "logs", "delete")
 VERBS = STEPS + ("status", "logs", "all", "run")
 PROGRAM = "mnist-launch-tpu"
+# The numeric flags' types: finite, in range, refused while parsing (exit 2).
+# Seconds stop at 10**9 (31 years): a sleep far longer overflows the platform's time.
+MAX_SECONDS = 10**9
+POSITIVE_SECONDS = number(float, min=0, min_inclusive=False, max=MAX_SECONDS,
+                          words="positive")
+AT_LEAST_0_SECONDS = number(float, min=0, max=MAX_SECONDS, words="0 or more")
+AT_LEAST_0_INT = number(int, min=0, words="0 or more")
 
 
 def _add_run_flags(common: argparse.ArgumentParser) -> None:
@@ -117,7 +124,7 @@ def _add_run_flags(common: argparse.ArgumentParser) -> None:
     common.add_argument("--queued", action="store_true",
                         help="create/run: a queued resource, which waits for "
                              "capacity instead of failing")
-    common.add_argument("--max_recoveries", type=int, default=5,
+    common.add_argument("--max_recoveries", type=AT_LEAST_0_INT, default=5,
                         help="run: preemptions to recover from before giving "
                              "up (exit 75)")
     common.add_argument("--keep", action="store_true",
@@ -127,7 +134,7 @@ def _add_run_flags(common: argparse.ArgumentParser) -> None:
                              "file, the run's journal for a restarted launcher")
     common.add_argument("--logs_dir", type=Path, default=Path("."),
                         help="run: where a failed trainer's log is copied")
-    common.add_argument("--retry_seconds", type=float, default=900.0,
+    common.add_argument("--retry_seconds", type=POSITIVE_SECONDS, default=900.0,
                         help="run: give up (exit 255) after calls to the "
                              "cloud failed for this long")
 
@@ -153,19 +160,21 @@ def _add_vm_flags(common: argparse.ArgumentParser) -> None:
                              f"{DEFAULT_TENSORFLOW}: {DEFAULT_LIBTPU})")
 
 
-def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
-    common = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+def build_parser() -> lc.LauncherParser:
+    """The launcher's parser: one sub-command per verb, each with every flag."""
+    common = lc.LauncherParser(add_help=False, allow_abbrev=False)
     _add_vm_flags(common)
     common.add_argument("--data", help="gs:// folder the pipeline wrote")
     common.add_argument("--model_dir", help="gs:// folder for checkpoints")
     common.add_argument("--delete_after", action="store_true",
                         help="with `all`: delete the TPU VM at the end")
-    common.add_argument("--poll_seconds", type=float, default=60.0,
+    common.add_argument("--poll_seconds", type=AT_LEAST_0_SECONDS, default=60.0,
                         help="wait/all/run: seconds between status checks")
-    common.add_argument("--wait_timeout", type=float, default=86400.0,
+    common.add_argument("--wait_timeout", type=POSITIVE_SECONDS, default=86400.0,
                         help="wait/all: give up (exit 124) after this many "
                              "seconds of training")
-    common.add_argument("--lines", type=int, default=100,
+    common.add_argument("--lines", type=number(int, min=1, words="at least 1"),
+                        default=100,
                         help="logs: lines to print from the end of each log")
     common.add_argument("--follow", action="store_true",
                         help="logs: keep printing until the trainer exits")
@@ -183,7 +192,7 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     common.add_argument("--dry_run", action="store_true",
                         help="print the commands a run executes, and exit")
     _add_run_flags(common)
-    parser = OneLineParser(
+    parser = lc.LauncherParser(
         allow_abbrev=False,
         description="Cloud TPU VM launcher for the trainer. Unknown "
                     "arguments go to `python -m trainer`.",
@@ -192,7 +201,12 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     sub = parser.add_subparsers(dest="step", required=True)
     for step in VERBS:
         sub.add_parser(step, parents=[common], allow_abbrev=False)
-    return parser.parse_known_args(list(argv))
+    return parser
+
+
+def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    """(the launcher's flags, the trainer's); a refused number: `lc.ConfigError`."""
+    return build_parser().parse_known_args(list(argv))
 
 
 def resolve_config(args: argparse.Namespace, trainer_args: Sequence[str],
@@ -227,17 +241,8 @@ def _refuse_launcher_flags(trainer_args: Sequence[str]) -> None:
 
 def _check_step_flags(args: argparse.Namespace, steps: Sequence[str],
                       trainer_args: Sequence[str]) -> None:
-    """The numeric flags' ranges; trainer arguments only for a step that trains."""
-    if args.poll_seconds < 0:
-        raise lc.ConfigError("--poll_seconds must be 0 or more")
-    if args.wait_timeout <= 0:
-        raise lc.ConfigError("--wait_timeout must be positive")
-    if args.lines < 1:
-        raise lc.ConfigError("--lines must be at least 1")
-    if args.max_recoveries < 0:
-        raise lc.ConfigError("--max_recoveries must be 0 or more")
-    if args.retry_seconds <= 0:
-        raise lc.ConfigError("--retry_seconds must be positive")
+    """Trainer arguments only for a step that trains (the numeric flags'
+    ranges are their types', checked while parsing)."""
     if trainer_args and "train" not in steps:
         raise lc.ConfigError(f"{args.step} takes no trainer arguments, got "
                              f"{shlex.join(trainer_args)}")
@@ -409,7 +414,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     then stops the launcher; ``all --delete_after`` deletes the VM first.
     Training on the hosts goes on. ``run`` handles signals itself
     (launch/spot/runner.py)."""
-    args, rest = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        args, rest = parse_args(sys.argv[1:] if argv is None else argv)
+    except lc.ConfigError as exc:
+        return lc.fail(str(exc), exc.code)
     signals = (console.exit_on_signals(PROGRAM) if args.step == "run"
                else lc.raising_on_signals())
     try:

@@ -21,6 +21,7 @@ import time
 import urllib.error
 import urllib.request
 
+from mnist_common.flags import SECONDS, EnvironmentValueError, environ_number
 from pipeline.errors import PipelineInputError
 from pipeline.shard.config import MB
 from pipeline.source import idx
@@ -49,14 +50,10 @@ DEFAULT_DEADLINE_S = 600.0
 
 def download_deadline() -> float:
     """Seconds one file's download may take in all (``$MNIST_DOWNLOAD_DEADLINE_S``)."""
-    value = os.environ.get(DEADLINE_ENV)
     try:
-        deadline = float(value) if value else DEFAULT_DEADLINE_S
-    except ValueError:
-        deadline = -1.0
-    if not deadline > 0:
-        raise PipelineInputError(f"{DEADLINE_ENV}={value}: expected seconds > 0")
-    return deadline
+        return environ_number(DEADLINE_ENV, SECONDS, DEFAULT_DEADLINE_S)
+    except EnvironmentValueError as e:
+        raise PipelineInputError(str(e)) from None
 
 
 def _read_with_progress(response, name: str, url: str, deadline_s: float) -> bytes:

@@ -17,7 +17,7 @@ from pipeline.publish import lock
 from pipeline.errors import PipelineInputError
 from pipeline.publish.output import prepared_output
 from pipeline.verify import verify
-from tests.helpers import EMULATOR_BUCKET, REPO, run_job
+from tests.helpers import EMULATOR_BUCKET, REPO, locks_judged_later, run_job
 
 HOLDER = re.compile(r"locked by run (\w+) \(host (\S+), pid (\d+), started "
                     r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ, heartbeat \d+s ago\)")
@@ -76,6 +76,18 @@ def test_live_holder_on_another_host_is_not_taken_over(output):
         lock.acquire(output, "mine")
 
 
+def test_a_holders_host_cannot_split_the_error_line(tmp_path, capsys):
+    """The lock's host is another run's text: shown escaped, on the one line."""
+    from pipeline.__main__ import main
+    out = tmp_path / "out"
+    out.mkdir()
+    plant_lock(str(out), host="vm\nerror: all good")
+    assert main(["--source=synthetic:10", f"--output={out}"]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {out}: locked by run other "
+                                                   "(host 'vm\\nerror: all good', pid 1"), lines
+
+
 @pytest.mark.parametrize("holder", ["pid gone on this host", "heartbeat too old"])
 def test_dead_holder_is_taken_over_with_a_warning(output, holder, caplog):
     import socket
@@ -84,7 +96,10 @@ def test_dead_holder_is_taken_over_with_a_warning(output, holder, caplog):
     else:
         old = time.time() - lock.STALE_SECONDS - 60
         plant_lock(output, started=old, heartbeat=old)
-    with caplog.at_level(logging.WARNING):
+    # On gs:// the lock's age is its update time (just now): judged that much later.
+    later = lock.STALE_SECONDS + 60 if holder != "pid gone on this host" and \
+        output.startswith("gs://") else 0
+    with caplog.at_level(logging.WARNING), locks_judged_later(later):
         held = lock.acquire(output, "mine")
     assert "taking over the lock of run other" in caplog.text
     with pytest.raises(PipelineInputError, match="locked by run mine"):

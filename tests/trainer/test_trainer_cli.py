@@ -212,6 +212,23 @@ def test_bad_settings(argv, message, tmp_path, capsys):
     assert line.startswith(f"error: {message}")
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--cpu_replicas=2", "--global_batch_size=33"],
+     "--global_batch_size=33 does not divide into 2 replicas"),
+    (["--global_batch_size=16", "--profile_steps=1,1000"],
+     "--profile_steps=1,1000 ends after the run's 8 steps"),
+])
+def test_flags_the_run_cannot_use_are_bad_flags(trainer_dataset, tmp_path, argv, message):
+    """Checks that need the strategy or the data (`trainer.run.plan`) refuse
+    a flag as the parser does: one line, exit 2."""
+    dataset = trainer_dataset(**DATASET)
+    proc = run_cli(f"--data={dataset}", f"--model_dir={tmp_path}/m", "--preset=smoke",
+                   "--epochs=1", "--verbose=0", *argv)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert error_lines(proc.stderr) == [error_lines(proc.stderr)[-1]], proc.stderr
+    assert error_lines(proc.stderr)[-1].startswith(f"error: {message}"), proc.stderr
+
+
 def test_flags_fill_the_config():
     config = cli.parse_flags(["--data=gs://b/d", "--model_dir=gs://b/m", "--preset=smoke",
                               "--loop=custom", "--cache", "--mixed_precision=bfloat16",

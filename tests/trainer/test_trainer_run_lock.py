@@ -20,7 +20,7 @@ import tensorflow as tf
 
 from mnist_common import storage_lock
 from tests import trainer_data
-from tests.helpers import EMULATOR_BUCKET, RefusingGcsServer, free_port
+from tests.helpers import EMULATOR_BUCKET, RefusingGcsServer, free_port, locks_judged_later
 from tests.trainer.trainer_runs import errors, start
 from trainer.errors import TrainerError
 from trainer.run import lock as run_lock
@@ -87,7 +87,11 @@ def test_second_acquire_is_refused_naming_the_holder(model_dir):
 ])
 def test_dead_holder_is_taken_over(model_dir, caplog, holder):
     write_lock(model_dir, **holder)
-    held = run_lock.acquire(model_dir)
+    # On gs:// the lock's age is its update time (just now): judged that much later.
+    later = storage_lock.STALE_SECONDS + 60 if "heartbeat" in holder and \
+        model_dir.startswith("gs://") else 0
+    with locks_judged_later(later):
+        held = run_lock.acquire(model_dir)
     held.release()
     assert "taking over the lock of run old" in caplog.text
 
@@ -122,8 +126,9 @@ def test_live_holder_elsewhere_is_not_taken_over(model_dir):
 @pytest.mark.parametrize("content", [b"", b"\x00garbage"], ids=["empty", "garbage"])
 def test_an_unreadable_lock_is_named_as_such(tmp_path, content):
     """Not "in use by run ? (pid -1)": the file, that it is unreadable, its age.
-    (On gs:// and ram:// a lock has no age but its content's heartbeat, or an
-    mtime of 0: an unreadable one there is stale, and taken over at once.)"""
+    (On ram:// a lock has no age but its content's heartbeat, or an mtime of
+    0: an unreadable one there is stale, and taken over at once; on gs:// its
+    age is the object's update time, as a local file's is its mtime.)"""
     model_dir = str(tmp_path)
     path = f"{model_dir}/{storage_lock.LOCK_FILE}"
     with open(path, "wb") as f:

@@ -41,6 +41,8 @@ CLUSTER = '"cluster": {"worker": ["localhost:12345"]}'
      'TF_CONFIG: needs {"cluster"'),
     ("{%s" % CLUSTER, "TF_CONFIG is not valid JSON (Expecting"),
     ("null", 'TF_CONFIG: needs {"cluster"'),
+    ('{"cluster": {"worker": ["localhost:99999"]}, "task": {"type": "worker", "index": 0}}',
+     "TF_CONFIG: address 'localhost:99999': the port must be an integer >= 1 and <= 65535"),
 ])
 @pytest.mark.parametrize("strategy", ["auto", "multi_worker"])
 def test_a_task_outside_the_cluster_is_one_line(trainer_dataset, tmp_path, monkeypatch,

@@ -18,7 +18,7 @@ import tensorflow as tf
 from trainer import strategy as strategy_lib
 from trainer.config import TrainConfig
 from trainer.data.splits import SplitFiles
-from trainer.errors import TrainerError, TrainerInputError
+from trainer.errors import TrainerInputError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,15 +126,15 @@ def steps_per_epoch(split: SplitFiles, config: TrainConfig) -> int:
 
 
 def check_replicas(config: TrainConfig, replicas: int) -> None:
-    """A `TrainerError` unless the batch, and each replica's batch into ghost
-    batches, divide whole."""
+    """A `TrainerInputError` (a bad flag: exit 2) unless the batch, and each
+    replica's batch into ghost batches, divide whole."""
     if config.global_batch_size % replicas:
-        raise TrainerError(f"--global_batch_size={config.global_batch_size} does not "
+        raise TrainerInputError(f"--global_batch_size={config.global_batch_size} does not "
                            f"divide into {replicas} replicas")
     per_replica = config.global_batch_size // replicas
     ghost = ghost_batch_size(config.bn_virtual_batch_size, per_replica)
     if ghost and per_replica % ghost:
-        raise TrainerError(
+        raise TrainerInputError(
             f"--bn_virtual_batch_size={config.bn_virtual_batch_size} does not divide "
             f"the per-replica batch of {per_replica} (--global_batch_size="
             f"{config.global_batch_size} over {replicas} replicas)")
@@ -148,10 +148,11 @@ def ghost_batch_size(bn_virtual_batch_size: int, per_replica: int) -> int:
 
 
 def check_total_steps(config: TrainConfig, total_steps: int) -> None:
-    """The check that needs the run's length: ``--profile_steps`` inside it."""
+    """The check that needs the run's length: ``--profile_steps`` inside it
+    (else a `TrainerInputError`: a bad flag, exit 2)."""
     if config.profile_steps is not None and config.profile_steps[1] > total_steps:
         start, end = config.profile_steps
-        raise TrainerError(f"--profile_steps={start},{end} ends after the run's "
+        raise TrainerInputError(f"--profile_steps={start},{end} ends after the run's "
                            f"{total_steps} steps ({config.epochs} epoch(s)); profile "
                            f"steps within 1..{total_steps}")
 
