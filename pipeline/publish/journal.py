@@ -30,6 +30,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import re
 from typing import Any, Iterable, Mapping, Optional
 
 import mnist_contract as contract
@@ -39,6 +40,8 @@ from pipeline.errors import failure_summary
 
 JOURNAL_VERSION = 1
 METADATA = contract.TFDS_METADATA_FILES + (contract.MANIFEST_FILE,)
+TEMP_PREFIX = ".incomplete-"  # a run's temp folder: TEMP_PREFIX + its run id
+_RUN_ID = re.compile(r"[A-Za-z0-9_-]+")
 
 
 class PublishError(Exception):
@@ -74,10 +77,21 @@ class Plan:
                        options=dict(raw.get("options", {})))
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise PublishError(f"{origin}: unreadable publish journal ({e})") from None
-        names = [f for f, _ in plan.shards] + list(plan.metadata) + list(plan.deletes)
-        if any("/" in n or n.startswith(".") for n in names + [plan.temp_name[1:]]):
-            raise PublishError(f"{origin}: publish journal names a file outside the output")
+        foreign = plan.foreign_name()
+        if foreign:
+            raise PublishError(f"{origin}: publish journal names {foreign!r}, not a file "
+                               "or folder this job makes in the output")
         return plan
+
+    def foreign_name(self) -> str:
+        """The first name that is not a plain child of the output that the job
+        makes (its temp folder, a shard, a metadata file), else ""."""
+        if not (self.temp_name == TEMP_PREFIX + self.run_id and _RUN_ID.fullmatch(self.run_id)):
+            return self.temp_name
+        shards = [f for f, _ in self.shards]
+        return next((n for n in shards if n in METADATA or not is_dataset_file(n)), "") or \
+            next((n for n in self.metadata if n not in contract.TFDS_METADATA_FILES), "") or \
+            next((n for n in self.deletes if not is_dataset_file(n)), "")
 
 
 def is_dataset_file(name: str) -> bool:
@@ -142,6 +156,9 @@ def _move(output: str, temp: str, name: str, present: set[str], staged: set[str]
           check=None) -> None:
     source, final = contract.join_path(temp, name), contract.join_path(output, name)
     if name in staged:
+        if storage.is_link(source):
+            raise PublishError(f"{source}: a symbolic link, not a file this job wrote; "
+                               "not moved into the output")
         if check:
             check(source)
         storage.rename([source], [final])
@@ -154,6 +171,9 @@ def _move(output: str, temp: str, name: str, present: set[str], staged: set[str]
 def apply(output: str, plan: Plan) -> None:
     """Runs (or re-runs) every step of ``plan``; see the module docstring."""
     temp = contract.join_path(output, plan.temp_name)
+    if storage.is_link(temp):
+        raise PublishError(f"{temp}: a symbolic link, not the folder this job made; "
+                           "nothing is moved out of it")
     present, staged = storage.top_level(output), storage.top_level(temp)
     for name in METADATA:
         if name in present and (name in staged or name in plan.deletes):
