@@ -138,7 +138,11 @@ def read_journal(output: str) -> Optional[Plan]:
     path = journal_path(output)
     if not storage.exists(path):
         return None
-    return Plan.from_json(storage.read_bytes(path), path)
+    try:
+        data = storage.read_bytes(path)
+    except storage.NotAFile as e:  # a FIFO would block the read forever
+        raise PublishError(f"{path}: {e.strerror}") from None
+    return Plan.from_json(data, path)
 
 
 def roll_forward(output: str) -> Optional[Plan]:
