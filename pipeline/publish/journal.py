@@ -17,6 +17,10 @@ R; rerun the job"). Then, in this order:
 4. the new TFDS files are moved, then ``manifest.json`` (its sha256 checked);
 5. the journal is deleted, then the temp folder.
 
+The journal names only plain children of the output that the job makes (its
+``.incomplete-RUNID`` folder, shard and TFDS file names), and a temp folder
+or a file in it that is a symbolic link is refused before anything changes.
+
 Every step is idempotent given the journal: a file still in the temp folder
 has not been moved (or was copied but not yet deleted on GCS) and is moved
 again; one that is gone from it must be at its final name with the journal's
@@ -160,9 +164,6 @@ def _move(output: str, temp: str, name: str, present: set[str], staged: set[str]
           check=None) -> None:
     source, final = contract.join_path(temp, name), contract.join_path(output, name)
     if name in staged:
-        if storage.is_link(source):
-            raise PublishError(f"{source}: a symbolic link, not a file this job wrote; "
-                               "not moved into the output")
         if check:
             check(source)
         storage.rename([source], [final])
@@ -172,13 +173,23 @@ def _move(output: str, temp: str, name: str, present: set[str], staged: set[str]
                            "interrupted publish cannot be completed")
 
 
-def apply(output: str, plan: Plan) -> None:
-    """Runs (or re-runs) every step of ``plan``; see the module docstring."""
-    temp = contract.join_path(output, plan.temp_name)
+def _refuse_links(temp: str, staged: set[str]) -> None:
+    """Raises `PublishError`, before anything changes, if the temp folder or a
+    file in it is a symbolic link: the job moves only what it wrote."""
     if storage.is_link(temp):
         raise PublishError(f"{temp}: a symbolic link, not the folder this job made; "
                            "nothing is moved out of it")
+    for name in sorted(staged):
+        if storage.is_link(contract.join_path(temp, name)):
+            raise PublishError(f"{contract.join_path(temp, name)}: a symbolic link, not a "
+                               "file this job wrote; not moved into the output")
+
+
+def apply(output: str, plan: Plan) -> None:
+    """Runs (or re-runs) every step of ``plan``; see the module docstring."""
+    temp = contract.join_path(output, plan.temp_name)
     present, staged = storage.top_level(output), storage.top_level(temp)
+    _refuse_links(temp, staged)
     for name in METADATA:
         if name in present and (name in staged or name in plan.deletes):
             storage.delete([contract.join_path(output, name)])

@@ -2,8 +2,9 @@
 
 `read_manifest` reads ``manifest.json`` through ``tf.io.gfile`` (local,
 ``gs://``, ``ram://``) and refuses a folder that is missing, mid-publish or
-incomplete, and a local manifest that is not a regular file (a FIFO); `split_files` lists a split's files with their example counts,
-sizes and sha256s, each checked to exist with its size
+incomplete, and a local manifest that is not a regular file (a FIFO);
+`split_files` lists a split's files with their example counts, sizes and
+sha256s, each checked to exist with its size
 (`trainer.data.checks.check_sizes`).
 """
 
