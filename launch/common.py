@@ -33,7 +33,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
-from mnist_common import console
+from mnist_common import console, local_paths
 from mnist_common.flags import OneLineParser
 
 # The folder that holds the `launch` package: a checkout's root (with its
@@ -203,13 +203,13 @@ def build_in_staging(build: Command, dist_dir: Path, pyproject: Mapping,
     wheel = dist_dir / wheel_filename(*project_name_version(pyproject))
     dist_dir.mkdir(parents=True, exist_ok=True)
     if wheel.is_file() or wheel.is_symlink():
-        wheel.unlink()
+        local_paths.remove_file(str(wheel))
     staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=dist_dir))
     try:
         stage_sources(staging, pyproject, repo_root)
         rc = run([*build[:-1], str(staging)])
     finally:
-        shutil.rmtree(staging)  # made above by mkdtemp, this launch's own
+        local_paths.remove_tree(str(staging))  # made above by mkdtemp, this launch's own
     check_wheel_build(rc, wheel)
     return wheel
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from launch import common as lc
+from mnist_common import local_paths
 
 # dist-info files that belong to one installation, not to the wheel.
 _INSTALL_ONLY = {"RECORD", "INSTALLER", "REQUESTED", "direct_url.json"}
@@ -160,9 +161,9 @@ def pack_installed(dist: metadata.Distribution, wheel: Path) -> Path:
             record.append(f"{info}/RECORD,,")
             zf.writestr(f"{info}/RECORD", "\n".join(record) + "\n")
         os.chmod(partial, 0o644)  # mkstemp's 0600 would keep it from other users
-        os.replace(partial, wheel)
+        local_paths.move(partial, str(wheel), overwrite=True)
     except BaseException:
-        os.unlink(partial)  # made above by mkstemp, this launch's own
+        local_paths.remove_file(partial)  # made above by mkstemp, this launch's own
         raise
     return wheel
 

@@ -8,6 +8,8 @@ time).
                    (local disk, gs://, other tf.io.gfile schemes), with the
                    guarantee each one gives; acquire, refresh, check, release
     storage_errors a storage failure found and named in a few words
+    local_paths    every delete and move, none through a symbolic link;
+                   a FIFO refused where a data file is read
     console        what the command-line programs print and how they exit:
                    TensorFlow's start-up kept quiet, the log format, the
                    exit-status table, a signal's one line

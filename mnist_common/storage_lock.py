@@ -78,6 +78,7 @@ token | None`` (None: no longer ours) and ``delete_if(token) -> bool``
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import logging
 import math
@@ -88,6 +89,7 @@ import time
 import uuid
 from typing import Optional
 
+from mnist_common import local_paths
 from mnist_common.flags import SECONDS, EnvironmentValueError, environ_number
 
 LOCK_FILE = ".lock"
@@ -249,6 +251,10 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+class NotALockFile(OSError):
+    """A local lock's path holds a symbolic link: no run's lock, never released."""
+
+
 class LocalLockFile:
     """The lock as a local file. A token is (content, mtime_ns): what was judged."""
 
@@ -259,6 +265,9 @@ class LocalLockFile:
         try:
             fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
+            if os.path.islink(self.path):  # no run's lock: no run ever releases it
+                raise NotALockFile(errno.ELOOP, f"a symbolic link to {os.readlink(self.path)}"
+                                   ", not a lock file; remove it", self.path) from None
             return None
         try:
             try:
@@ -267,7 +276,7 @@ class LocalLockFile:
             finally:
                 os.close(fd)
         except OSError:  # e.g. disk full: leave no empty lock behind
-            os.unlink(self.path)
+            local_paths.remove_file(self.path)
             raise
         return self.read()[1]
 
@@ -290,7 +299,7 @@ class LocalLockFile:
     def delete_if(self, token) -> bool:
         aside = f"{self.path}.taking-{os.getpid()}-{time.monotonic_ns()}"
         try:
-            os.rename(self.path, aside)
+            local_paths.move(self.path, aside, overwrite=False)
         except FileNotFoundError:
             return False
         with open(aside, "rb") as f:
@@ -300,7 +309,7 @@ class LocalLockFile:
                 os.link(aside, self.path)
             except FileExistsError:
                 pass
-        os.unlink(aside)
+        local_paths.remove_file(aside)
         return same
 
 
@@ -380,9 +389,9 @@ class GfileLockFile:
             return None
         temp = self._write_temp(data)
         try:
-            tf.io.gfile.rename(temp, self.path, overwrite=False)
-        except tf.errors.AlreadyExistsError:
-            tf.io.gfile.remove(temp)
+            local_paths.move(temp, self.path, overwrite=False)
+        except (tf.errors.AlreadyExistsError, FileExistsError):
+            local_paths.remove_file(temp)
             return None
         current = self.read()
         return data if current is not None and current[0] == data else None
@@ -411,7 +420,7 @@ class GfileLockFile:
         if current is None or current[0] != token:
             return None
         # Renamed over it: a rewrite in place may keep a longer old tail (ram://).
-        _tensorflow().io.gfile.rename(self._write_temp(data), self.path, overwrite=True)
+        local_paths.move(self._write_temp(data), self.path, overwrite=True)
         return data
 
     def delete_if(self, token) -> bool:
@@ -420,8 +429,8 @@ class GfileLockFile:
         if current is None or current[0] != token:
             return False
         try:
-            tf.io.gfile.remove(self.path)
-        except tf.errors.NotFoundError:
+            local_paths.remove_file(self.path)
+        except (tf.errors.NotFoundError, FileNotFoundError):
             return False
         return True
 

@@ -19,6 +19,7 @@ import os
 import numpy as np
 
 import mnist_contract as contract
+from mnist_common import local_paths
 
 SCALE = 3  # each pixel of a digit becomes SCALE x SCALE pixels
 COLUMNS = 10  # cells per grid row; the histogram has one bar per column
@@ -124,8 +125,8 @@ def write(path: str, data: bytes) -> None:
     try:
         with open(temp, "wb") as f:
             f.write(data)
-        os.replace(temp, path)
+        local_paths.move(temp, path, overwrite=True)
     except BaseException:
-        if os.path.exists(temp):
-            os.unlink(temp)
+        if os.path.lexists(temp):
+            local_paths.remove_file(temp)
         raise

@@ -27,11 +27,11 @@ from __future__ import annotations
 import errno
 import mmap
 import os
-import stat
 import threading
 import time
 from typing import Iterable
 
+from mnist_common import local_paths
 from mnist_common.flags import SECONDS, environ_number
 from mnist_contract import join_path
 
@@ -101,21 +101,8 @@ def _uncompressed():
     return CompressionTypes.UNCOMPRESSED
 
 
-class NotAFile(OSError):
-    """A local path that is a folder, FIFO, socket or device where a file should be."""
-
-
-_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
-          (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"))
-
-
-def _check_is_file(path: str) -> None:
-    """Raises `NotAFile` unless ``path`` is a regular file: opening a FIFO would
-    wait for a writer forever, reading a folder fails deep inside a reader."""
-    mode = os.stat(path).st_mode
-    if not stat.S_ISREG(mode):
-        kind = next((name for test, name in _KINDS if test(mode)), "of another kind")
-        raise NotAFile(errno.EINVAL, f"is {kind}, not a file", path)
+NotAFile = local_paths.NotAFile  # a folder, FIFO, socket or device where a file should be
+_check_is_file = local_paths.check_is_file
 
 
 def open_read(path: str):
@@ -310,15 +297,19 @@ def size_of(path: str) -> int:
     return _file_systems().match([path])[0].metadata_list[0].size_in_bytes
 
 
+def is_link(path: str) -> bool:
+    """Whether ``path`` is a local symbolic link (gs:// has none)."""
+    return local_paths.is_link(path)
+
+
 def make_dirs(directory: str) -> None:
     if not is_remote(directory):
         os.makedirs(directory, exist_ok=True)
 
 
 def delete(paths: Iterable[str]) -> None:
-    paths = list(paths)
-    if paths:
-        _file_systems().delete(paths)
+    """Removes files; a local symbolic link is removed as a link (`mnist_common.local_paths`)."""
+    local_paths.remove_files(paths, via=local_paths.BEAM)
 
 
 def delete_tree(directory: str, attempts: int = 5) -> None:
@@ -326,16 +317,17 @@ def delete_tree(directory: str, attempts: int = 5) -> None:
 
     A local folder is removed again, up to ``attempts`` times 0.2 s apart,
     while it is still there after a failure: a stopped job's in-process
-    workers may add a file before they notice the stop.
+    workers may add a file before they notice the stop. A symbolic link
+    there is removed as a link (`mnist_common.local_paths`).
     """
     if is_remote(directory):
         delete(list_dir(directory))
         return
     for attempt in range(attempts):
-        if not os.path.isdir(directory):
+        if not os.path.lexists(directory):
             return
         try:
-            _file_systems().delete([directory])
+            local_paths.remove_tree(directory)
             return
         except Exception:
             if attempt == attempts - 1:
@@ -344,8 +336,9 @@ def delete_tree(directory: str, attempts: int = 5) -> None:
 
 
 def rename(sources: list[str], destinations: list[str]) -> None:
-    if sources:
-        _file_systems().rename(sources, destinations)
+    """Moves files over what is at their destinations; a local symbolic link
+    as a source is refused (`mnist_common.local_paths.SymlinkRefused`)."""
+    local_paths.move_all(sources, destinations, overwrite=True, via=local_paths.BEAM)
 
 
 def list_top(directory: str) -> list[str]:

@@ -7,7 +7,7 @@ failures (`TrainerError`) end with one line on stderr, no traceback, and the
 exit status of the table in docs/README.md, "Exit status"
 (`mnist_common.console`): a flag that `trainer.config` refuses is a bad flag
 (2). A local ``--model_dir`` and ``--data`` are checked before TensorFlow is
-imported (`trainer.local_paths`); a Python without TensorFlow gets one line
+imported (`trainer.path_checks`); a Python without TensorFlow gets one line
 naming it, exit 1. A stop on SIGTERM, SIGINT or
 SIGHUP (`trainer.run.preemption`), during training or outside it, ends with
 one line and exit status 128 + the signal's number; the line says how to
@@ -33,7 +33,7 @@ import logging  # noqa: E402
 import sys  # noqa: E402
 from typing import NoReturn, Optional, Sequence  # noqa: E402
 
-from trainer import local_paths  # noqa: E402
+from trainer import path_checks  # noqa: E402
 from trainer.config import TrainConfig, parse_flags, strategy_is_tpu  # noqa: E402
 from trainer.errors import TrainerError, TrainerInputError  # noqa: E402
 from trainer.run import preemption  # noqa: E402
@@ -70,7 +70,7 @@ def _on_tpu(flags: TrainConfig) -> bool:
     """`trainer.config.strategy_is_tpu`, with TensorFlow started quietly first
     (after a look at a local ``--data``, which needs no TensorFlow)."""
     try:
-        local_paths.check_run_paths(flags.model_dir, flags.data)
+        path_checks.check_run_paths(flags.model_dir, flags.data)
         _quiet_tensorflow_start(flags)
         return strategy_is_tpu(flags)
     except TrainerError as e:
@@ -120,7 +120,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         try:
             preemption.resume_with(preemption.resume_command(os.environ))
             config = _parse_flags(argv)
-            local_paths.check_run_paths(config.model_dir, config.data)  # before TensorFlow
+            path_checks.check_run_paths(config.model_dir, config.data)  # before TensorFlow
             _quiet_tensorflow_start(config)
             from trainer.train import train_and_evaluate  # imports TensorFlow
             metrics = train_and_evaluate(config)

@@ -52,6 +52,9 @@ def summarize_error(error: BaseException, limit: int = 160) -> str:
 def os_reason(error: BaseException) -> str:
     """The operating system's reason that ends a TensorFlow file error
     (``PATH; No space left on device``), else `summarize_error`: the caller
-    names the path itself, and TF's is often a temporary file's."""
+    names the path itself, and TF's is often a temporary file's. An
+    ``OSError`` gives its own reason (``Is a directory``)."""
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
     text = summarize_error(error, limit=1000)
     return text.rsplit("; ", 1)[1].strip() if "; " in text else summarize_error(error)

@@ -24,7 +24,7 @@ uint8 pixels in, ``probabilities`` and ``class`` out.
 As the trainer's, the command prints only its own lines: TensorFlow's C++
 start-up lines are dropped (`mnist_common.console`). Every path goes through
 ``tf.io.gfile``; local paths are checked first, before TensorFlow is
-imported (`trainer.local_paths`), so a mistyped one answers at once. A
+imported (`trainer.path_checks`), so a mistyped one answers at once. A
 problem (no export, an image file that cannot be read or holds no digit, a
 FIFO given as an image, no manifest, an unknown split) ends with one line
 ``error: FILE: problem`` and the exit status of the table in docs/README.md,
@@ -42,7 +42,7 @@ from typing import Iterator, Optional, Sequence
 
 from mnist_common import console
 from mnist_common.flags import OneLineParser, number
-from trainer import local_paths
+from trainer import path_checks
 from trainer.errors import TrainerError
 
 
@@ -81,12 +81,12 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 
 
 def check_paths(args: argparse.Namespace) -> None:
-    """The local paths, before TensorFlow loads (`trainer.local_paths`)."""
-    local_paths.check_model_dir(args.model_dir)
+    """The local paths, before TensorFlow loads (`trainer.path_checks`)."""
+    path_checks.check_model_dir(args.model_dir)
     if args.data:
-        local_paths.check_data(args.data)
+        path_checks.check_data(args.data)
     for path in args.images:
-        local_paths.check_image(path)
+        path_checks.check_image(path)
 
 
 def _start() -> None:
@@ -225,7 +225,7 @@ def _image_size(path: str, blob: bytes) -> tuple[int, int, str]:
 
 def _read_bytes(path: str) -> bytes:
     """The file's bytes: missing is bad input, a storage failure is not."""
-    local_paths.check_image(path)  # a FIFO would block the read for ever
+    path_checks.check_image(path)  # a FIFO would block the read for ever
     try:
         if tf.io.gfile.isdir(path):
             raise TrainerInputError(f"{path}: a directory, not a PNG file")

@@ -17,6 +17,10 @@ R; rerun the job"). Then, in this order:
 4. the new TFDS files are moved, then ``manifest.json`` (its sha256 checked);
 5. the journal is deleted, then the temp folder.
 
+The journal names only plain children of the output that the job makes (its
+``.incomplete-RUNID`` folder, shard and TFDS file names), and a temp folder
+or a file in it that is a symbolic link is refused before anything changes.
+
 Every step is idempotent given the journal: a file still in the temp folder
 has not been moved (or was copied but not yet deleted on GCS) and is moved
 again; one that is gone from it must be at its final name with the journal's
@@ -30,6 +34,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import re
 from typing import Any, Iterable, Mapping, Optional
 
 import mnist_contract as contract
@@ -39,6 +44,8 @@ from pipeline.errors import failure_summary
 
 JOURNAL_VERSION = 1
 METADATA = contract.TFDS_METADATA_FILES + (contract.MANIFEST_FILE,)
+TEMP_PREFIX = ".incomplete-"  # a run's temp folder: TEMP_PREFIX + its run id
+_RUN_ID = re.compile(r"[A-Za-z0-9_-]+")
 
 
 class PublishError(Exception):
@@ -74,10 +81,21 @@ class Plan:
                        options=dict(raw.get("options", {})))
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise PublishError(f"{origin}: unreadable publish journal ({e})") from None
-        names = [f for f, _ in plan.shards] + list(plan.metadata) + list(plan.deletes)
-        if any("/" in n or n.startswith(".") for n in names + [plan.temp_name[1:]]):
-            raise PublishError(f"{origin}: publish journal names a file outside the output")
+        foreign = plan.foreign_name()
+        if foreign:
+            raise PublishError(f"{origin}: publish journal names {foreign!r}, not a file "
+                               "or folder this job makes in the output")
         return plan
+
+    def foreign_name(self) -> str:
+        """The first name that is not a plain child of the output that the job
+        makes (its temp folder, a shard, a metadata file), else ""."""
+        if not (self.temp_name == TEMP_PREFIX + self.run_id and _RUN_ID.fullmatch(self.run_id)):
+            return self.temp_name
+        shards = [f for f, _ in self.shards]
+        return next((n for n in shards if n in METADATA or not is_dataset_file(n)), "") or \
+            next((n for n in self.metadata if n not in contract.TFDS_METADATA_FILES), "") or \
+            next((n for n in self.deletes if not is_dataset_file(n)), "")
 
 
 def is_dataset_file(name: str) -> bool:
@@ -124,7 +142,11 @@ def read_journal(output: str) -> Optional[Plan]:
     path = journal_path(output)
     if not storage.exists(path):
         return None
-    return Plan.from_json(storage.read_bytes(path), path)
+    try:
+        data = storage.read_bytes(path)
+    except storage.NotAFile as e:  # a FIFO would block the read forever
+        raise PublishError(f"{path}: {e.strerror}") from None
+    return Plan.from_json(data, path)
 
 
 def roll_forward(output: str) -> Optional[Plan]:
@@ -151,10 +173,23 @@ def _move(output: str, temp: str, name: str, present: set[str], staged: set[str]
                            "interrupted publish cannot be completed")
 
 
+def _refuse_links(temp: str, staged: set[str]) -> None:
+    """Raises `PublishError`, before anything changes, if the temp folder or a
+    file in it is a symbolic link: the job moves only what it wrote."""
+    if storage.is_link(temp):
+        raise PublishError(f"{temp}: a symbolic link, not the folder this job made; "
+                           "nothing is moved out of it")
+    for name in sorted(staged):
+        if storage.is_link(contract.join_path(temp, name)):
+            raise PublishError(f"{contract.join_path(temp, name)}: a symbolic link, not a "
+                               "file this job wrote; not moved into the output")
+
+
 def apply(output: str, plan: Plan) -> None:
     """Runs (or re-runs) every step of ``plan``; see the module docstring."""
     temp = contract.join_path(output, plan.temp_name)
     present, staged = storage.top_level(output), storage.top_level(temp)
+    _refuse_links(temp, staged)
     for name in METADATA:
         if name in present and (name in staged or name in plan.deletes):
             storage.delete([contract.join_path(output, name)])

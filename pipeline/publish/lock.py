@@ -54,6 +54,9 @@ def acquire(output: str, run_id: str) -> OutputLock:
     try:
         return storage_lock.acquire(path, backend, run_id, output,
                                     held=functools.partial(OutputLock, output=output))
+    except storage_lock.NotALockFile as e:
+        raise PipelineInputError(f"{path}: {e.strerror}; nothing there was changed") \
+            from None
     except storage_lock.LockRefused as refused:
         if refused.holder is None:
             raise PipelineInputError(f"{output}: could not take the lock {path}: other "

@@ -24,7 +24,7 @@ from pipeline.errors import (PipelineError, PipelineInputError, StorageError,
 from pipeline.publish import journal, lock
 from pipeline.publish.metadata import tfds_metadata_files
 
-TEMP_PREFIX = ".incomplete-"
+TEMP_PREFIX = journal.TEMP_PREFIX
 SHARD_LIST = "shards.json"
 NO_DATASET = "no dataset was there before"
 INTACT = "the earlier dataset there is intact"

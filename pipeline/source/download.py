@@ -21,6 +21,7 @@ import time
 import urllib.error
 import urllib.request
 
+from mnist_common import local_paths
 from mnist_common.flags import SECONDS, EnvironmentValueError, environ_number
 from pipeline.errors import PipelineInputError
 from pipeline.shard.config import MB
@@ -128,7 +129,7 @@ def fetch(url: str, cache_dir: str | None = None, timeout_s: float = 60) -> byte
     fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=".partial-")
     with os.fdopen(fd, "wb") as f:
         f.write(data)
-    os.replace(tmp, cached)
+    local_paths.move(tmp, cached, overwrite=True)
     return data
 
 
@@ -171,7 +172,7 @@ def _read_cached(cached: str, url: str, name: str) -> bytes | None:
         logging.warning("Removing damaged cache entry %s of %s (%s); downloading again",
                         cached, url, str(e).removeprefix(f"{url}: "))
     try:
-        os.remove(cached)
+        local_paths.remove_file(cached)
     except OSError as e:
         raise PipelineInputError(f"{cached}: damaged cache entry of {url} that cannot "
                                  f"be removed ({e}); delete it") from None

@@ -2,8 +2,9 @@
 
 `read_manifest` reads ``manifest.json`` through ``tf.io.gfile`` (local,
 ``gs://``, ``ram://``) and refuses a folder that is missing, mid-publish or
-incomplete; `split_files` lists a split's files with their example counts,
-sizes and sha256s, each checked to exist with its size
+incomplete, and a local manifest that is not a regular file (a FIFO);
+`split_files` lists a split's files with their example counts, sizes and
+sha256s, each checked to exist with its size
 (`trainer.data.checks.check_sizes`).
 """
 
@@ -14,7 +15,8 @@ import dataclasses
 import tensorflow as tf
 
 import mnist_contract as contract
-from trainer import local_paths
+from mnist_common import local_paths
+from trainer import path_checks
 from trainer.data import checks
 from trainer.errors import TrainerError, TrainerInputError, summarize_error
 
@@ -40,11 +42,14 @@ def read_manifest(data_dir: str) -> tuple[contract.Manifest, bytes]:
     if interrupted:
         raise TrainerInputError(contract.interrupted_publish_message(journal, b""))
     if not has_manifest:
-        raise TrainerInputError(local_paths.not_converted(data_dir))
+        raise TrainerInputError(path_checks.not_converted(data_dir))
     try:
+        local_paths.check_is_file(path)  # a FIFO would block the read forever
         with tf.io.gfile.GFile(path, "rb") as f:
             raw = f.read()
         return contract.Manifest.from_json(raw, origin=path), raw
+    except local_paths.NotAFile as e:
+        raise TrainerInputError(f"{path}: {e.strerror}") from None
     except contract.ContractError as e:
         raise TrainerInputError(str(e)) from None
     except tf.errors.OpError as e:

@@ -21,6 +21,7 @@ from typing import Callable
 
 import tensorflow as tf
 
+from mnist_common import local_paths
 from mnist_contract import join_path
 from trainer.errors import TrainerError, summarize_error
 from trainer.run import outputs
@@ -42,7 +43,8 @@ def list_checkpoints(directory: str) -> list[str]:
 
 
 def clean_temp(directory: str) -> None:
-    """Removes the temporary folders of saves that did not finish, naming them."""
+    """Removes the temporary folders of saves that did not finish, naming them
+    (a symbolic link of such a name is removed as a link, never followed)."""
     if not tf.io.gfile.isdir(directory):
         return
     for name in tf.io.gfile.listdir(directory):
@@ -51,7 +53,7 @@ def clean_temp(directory: str) -> None:
             path = join_path(directory, name)
             log.warning("%s: removing the leftovers of a checkpoint save that did "
                         "not finish", path)
-            tf.io.gfile.rmtree(path)
+            local_paths.remove_tree(path)
 
 
 def restore_newest(directory: str, restore: Callable[[str], None]) -> tuple[str, list[str]]:
@@ -125,11 +127,14 @@ def _name(prefix: str) -> str:
 
 
 def discard(directory: str) -> None:
-    """``--restart``: deletes ``directory`` (the run's checkpoints), with a warning."""
-    if tf.io.gfile.exists(directory):
+    """``--restart``: deletes ``directory`` (the run's checkpoints), with a
+    warning; a symbolic link there is removed as a link, never followed."""
+    if local_paths.is_link(directory):
+        local_paths.remove_tree(directory)  # warns: the link goes, its target stays
+    elif tf.io.gfile.exists(directory):
         log.warning("%s: --restart: deleting %d checkpoint(s), training from step 0",
                     directory, len(list_checkpoints(directory)))
-        tf.io.gfile.rmtree(directory)
+        local_paths.remove_tree(directory)
 
 
 def _step(prefix: str) -> int:

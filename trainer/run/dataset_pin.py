@@ -27,6 +27,7 @@ from typing import Optional
 import tensorflow as tf
 
 import mnist_contract as contract
+from mnist_common import local_paths
 from trainer.errors import TrainerError, TrainerInputError, os_reason, summarize_error
 from trainer.run import outputs
 
@@ -63,6 +64,7 @@ class DatasetPin:
             if tf.io.gfile.exists(contract.join_path(self.data,
                                                      contract.PUBLISH_JOURNAL_FILE)):
                 return "a publish is in progress there"
+            local_paths.check_is_file(manifest)  # a FIFO would block the read forever
             with tf.io.gfile.GFile(manifest, "rb") as f:
                 sha = hashlib.sha256(f.read()).hexdigest()
             if sha != self.manifest_sha256:
@@ -75,6 +77,8 @@ class DatasetPin:
                     return f"{name} has {actual} bytes, not {size}"
         except tf.errors.NotFoundError as e:
             return f"{summarize_error(e)}"
+        except OSError as e:  # not a regular file, or gone (`local_paths.check_is_file`)
+            return f"{manifest}: {e.strerror}"
         except tf.errors.OpError as e:
             return f"cannot read it ({summarize_error(e)})"
         return ""
@@ -97,10 +101,13 @@ def _read_pin(model_dir: str) -> tuple[Optional[dict], str]:
     """The recorded pin, or None and why there is none (missing, unreadable)."""
     path = contract.join_path(model_dir, PIN_FILE)
     try:
+        local_paths.check_is_file(path)  # a FIFO would block the read forever
         with tf.io.gfile.GFile(path, "r") as f:
             pinned = json.loads(f.read())
-    except tf.errors.NotFoundError:
+    except (tf.errors.NotFoundError, FileNotFoundError):
         return None, "missing"
+    except local_paths.NotAFile as e:
+        return None, f"unreadable ({e.strerror})"
     except (ValueError, tf.errors.OpError) as e:
         return None, f"unreadable ({summarize_error(e)})"
     if not isinstance(pinned, dict) or not isinstance(pinned.get("manifest_sha256"), str):
@@ -143,5 +150,5 @@ def record(model_dir: str, pin: DatasetPin) -> None:
     path = contract.join_path(model_dir, PIN_FILE)
     try:
         outputs.write_text(path, pin.to_json())
-    except tf.errors.OpError as e:
+    except (tf.errors.OpError, OSError) as e:
         raise TrainerError(f"{path}: cannot record the dataset ({os_reason(e)})") from None

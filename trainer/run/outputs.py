@@ -37,6 +37,7 @@ import os
 
 import tensorflow as tf
 
+from mnist_common import local_paths
 from mnist_contract import join_path
 from trainer import strategy as strategy_lib
 from trainer.errors import TrainerError, TrainerInputError, summarize_error
@@ -80,8 +81,8 @@ class Role:
         if self.chief:
             return
         path = join_path(model_dir, self.scratch)
-        if tf.io.gfile.exists(path):
-            tf.io.gfile.rmtree(path)
+        if local_paths.is_link(path) or tf.io.gfile.exists(path):
+            local_paths.remove_tree(path)
 
 
 def write_text(path: str, text: str) -> None:
@@ -90,22 +91,24 @@ def write_text(path: str, text: str) -> None:
     temp = f"{path}.tmp"
     with tf.io.gfile.GFile(temp, "w") as f:
         f.write(text)
-    tf.io.gfile.rename(temp, path, overwrite=True)
+    local_paths.move(temp, path, overwrite=True)
 
 
 def move_tree(source: str, target: str) -> None:
-    """Moves a folder: one rename on a local disk; file by file elsewhere
-    (gs:// and ram:// have no folder rename)."""
-    if "://" not in source:
-        tf.io.gfile.rename(source, target)
+    """Moves a folder: one rename on a local disk (a symbolic link as
+    ``source`` is refused); file by file elsewhere (gs:// and ram:// have no
+    folder rename)."""
+    if local_paths.is_local(source):
+        local_paths.move(source, target, overwrite=False)
         return
     for folder, _, files in tf.io.gfile.walk(source):
         relative = folder[len(source):].lstrip("/")
         destination = join_path(target, relative) if relative else target
         tf.io.gfile.makedirs(destination)
         for name in files:
-            tf.io.gfile.rename(join_path(folder, name), join_path(destination, name))
-    tf.io.gfile.rmtree(source)
+            local_paths.move(join_path(folder, name), join_path(destination, name),
+                             overwrite=False)
+    local_paths.remove_tree(source)
 
 
 def staging_dir(model_dir: str, run_id: str) -> str:
@@ -144,38 +147,43 @@ def uncommitted(model_dir: str) -> str:
 
 def commit_export(model_dir: str, staged: str, metrics: dict) -> None:
     """Publishes ``staged`` as ``model_dir/export`` with ``metrics`` (which
-    names the export's id), ``metrics.json`` written last (the commit point)."""
+    names the export's id), ``metrics.json`` written last (the commit point).
+    A symbolic link at ``export`` or ``metrics.json`` is removed as a link
+    (`mnist_common.local_paths`): what it points to is left as it is."""
     write_text(join_path(staged, EXPORT_ID_FILE),
                json.dumps({"export_id": metrics["export_id"]}) + "\n")
     metrics_path, final = join_path(model_dir, METRICS), join_path(model_dir, EXPORT)
     old = join_path(model_dir, f".{EXPORT}.old-{metrics['export_id']}")
-    if tf.io.gfile.exists(metrics_path):
-        tf.io.gfile.remove(metrics_path)  # until the last write: nothing committed
-    if tf.io.gfile.exists(final):
+    if local_paths.is_link(metrics_path) or tf.io.gfile.exists(metrics_path):
+        local_paths.remove_file(metrics_path)  # until the last write: nothing committed
+    if local_paths.is_link(final):
+        local_paths.remove_tree(final)
+    elif tf.io.gfile.exists(final):
         move_tree(final, old)
     move_tree(staged, final)
     write_text(metrics_path, json.dumps(metrics, indent=2, sort_keys=True) + "\n")
     if tf.io.gfile.exists(old):
-        tf.io.gfile.rmtree(old)
+        local_paths.remove_tree(old)
 
 
 def discard_stale_exports(model_dir: str) -> None:
     """Removes the ``.export.new-*`` / ``.export.old-*`` folders of runs that
-    stopped while exporting (the lock is held: no run is writing them)."""
+    stopped while exporting (the lock is held: no run is writing them); a
+    symbolic link of that name is removed as a link, never followed."""
     for path in tf.io.gfile.glob(join_path(model_dir, f".{EXPORT}.*-*")):
         path = path.rstrip("/")
         log.warning("%s: removing the leftovers of an export that did not finish", path)
-        tf.io.gfile.rmtree(path)
+        local_paths.remove_tree(path)
 
 
 def discard_partial(path: str) -> str:
     """Removes what a failed save left at ``path``; "" when gone, else the
     clause that names it (``; remove the partial PATH``) for the error line."""
     try:
-        if tf.io.gfile.exists(path):
-            tf.io.gfile.rmtree(path)
+        if local_paths.is_link(path) or tf.io.gfile.exists(path):
+            local_paths.remove_tree(path)
         return ""
-    except tf.errors.OpError:
+    except (tf.errors.OpError, OSError):
         return f"; remove the partial {path}"
 
 
