@@ -33,7 +33,7 @@ _STOPPED_IN_TRAINING = """
 
     trainer.train.train_and_evaluate = train_and_evaluate
     from trainer.__main__ import main
-    sys.exit(main(["--data=-", "--model_dir=-", "--preset=smoke"]))
+    sys.exit(main(["--data=gs://b/mnist", "--model_dir=gs://b/run", "--preset=smoke"]))
     """
 # A signal before training: the command line's handler ends the process.
 _OUTSIDE_TRAINING = """
