@@ -66,6 +66,16 @@ def write_fake_gcloud(bin_dir: Path) -> Path:
     return gcloud
 
 
+def fake_gcloud_env(tmp_path: Path, cloud_root: Path, **extra: str) -> dict[str, str]:
+    """`clean_env` with the fake gcloud (written to ``tmp_path/bin``) first on
+    PATH, answering from the fake cloud at ``cloud_root``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    write_fake_gcloud(bin_dir)
+    return clean_env(FAKE_CLOUD=str(cloud_root), PATH=f"{bin_dir}:{os.environ['PATH']}",
+                     **extra)
+
+
 def as_planned(text: str) -> str:
     """``text`` with the wheel build's staging folder (named by mkdtemp when
     the build runs) as ``--dry_run`` prints it (`lc.STAGING_PLACEHOLDER`)."""

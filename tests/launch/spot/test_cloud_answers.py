@@ -4,11 +4,10 @@ VM. The run still sleeps between its tries and ends by itself."""
 
 from __future__ import annotations
 
-import os
 
 from tests.launch.fake_cloud import FakeCloud
 from launch.tpu import commands as tc
-from tests.launch.helpers import RUN_ID, TPU_ARGS, clean_env, run_script, write_fake_gcloud
+from tests.launch.helpers import RUN_ID, TPU_ARGS, run_script, fake_gcloud_env
 
 NAME = "mnist-tpu"  # TPU_ARGS's
 POLL = 0.5
@@ -34,10 +33,7 @@ def test_a_run_whose_vm_is_never_deleted_ends_by_itself_with_255(tmp_path):
     cloud = FakeCloud(tmp_path / "cloud")
     finished_vm(cloud)
     cloud.arm(kept_deletes=10_000)
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    write_fake_gcloud(bin_dir)
-    env = clean_env(FAKE_CLOUD=str(cloud.root), PATH=f"{bin_dir}:{os.environ['PATH']}")
+    env = fake_gcloud_env(tmp_path, cloud.root)
     env.pop("STORAGE_EMULATOR_HOST", None)  # the manifest read: a warning
     proc = run_script("launch_tpu_vm.py", "run", *TPU_ARGS, f"--poll_seconds={POLL}",
                       "--retry_seconds=3", "--python=false",

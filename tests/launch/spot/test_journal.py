@@ -14,7 +14,7 @@ import pytest
 from launch.spot import journal as spot_journal
 from tests.helpers import read_only
 from tests.launch.fake_cloud import FakeCloud
-from tests.launch.helpers import RUN_ID, TPU_ARGS, clean_env, run_script, write_fake_gcloud
+from tests.launch.helpers import RUN_ID, TPU_ARGS, run_script, fake_gcloud_env
 
 RUN = {"name": "mnist-tpu", "zone": "us-central2-b", "project": None,
        "accelerator_type": "v4-8", "model_dir": "gs://bkt/runs/1", "queued": False,
@@ -25,10 +25,7 @@ RUN = {"name": "mnist-tpu", "zone": "us-central2-b", "project": None,
 def launch(tmp_path):
     """``run`` with the fake gcloud on PATH; the cloud it would have used."""
     cloud = FakeCloud(tmp_path / "cloud")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    write_fake_gcloud(bin_dir)
-    env = clean_env(FAKE_CLOUD=str(cloud.root), PATH=f"{bin_dir}:{os.environ['PATH']}")
+    env = fake_gcloud_env(tmp_path, cloud.root)
 
     def launch(events):
         # Were the journal taken, the run would stop at its wheel build.

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import io
 import json
-import os
 
 import pytest
 
 from launch.spot import events as spot_events
 from launch.tpu import commands as tc
 from tests.launch.fake_cloud import FakeCloud
-from tests.launch.helpers import clean_env, run_script, write_fake_gcloud
+from tests.launch.helpers import run_script, fake_gcloud_env
 
 NAME = "shared-vm"
 
@@ -36,10 +35,7 @@ def cloud(tmp_path):
 
 @pytest.fixture
 def env(tmp_path, cloud):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    write_fake_gcloud(bin_dir)
-    return clean_env(FAKE_CLOUD=str(cloud.root), PATH=f"{bin_dir}:{os.environ['PATH']}")
+    return fake_gcloud_env(tmp_path, cloud.root)
 
 
 def finished_vm(cloud: FakeCloud, labels: dict | None, status: int) -> None:

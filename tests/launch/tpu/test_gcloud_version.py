@@ -5,12 +5,11 @@ older SDK ends it in one line; ``--dry_run`` needs no gcloud at all."""
 
 from __future__ import annotations
 
-import os
 
 import pytest
 
 from tests.launch.fake_cloud import FakeCloud
-from tests.launch.helpers import TPU_ARGS, clean_env, run_script, write_fake_gcloud
+from tests.launch.helpers import TPU_ARGS, run_script, fake_gcloud_env
 
 VERSION_CALL = ["version", "--format=json"]
 
@@ -19,13 +18,9 @@ VERSION_CALL = ["version", "--format=json"]
 def gcloud(tmp_path):
     """The fake gcloud on PATH, its cloud, and a launch of a step with it."""
     cloud = FakeCloud(tmp_path / "cloud")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    write_fake_gcloud(bin_dir)
 
     def launch(step, *flags, version="548.0.0"):
-        env = clean_env(FAKE_CLOUD=str(cloud.root), FAKE_GCLOUD_VERSION=version,
-                        PATH=f"{bin_dir}:{os.environ['PATH']}")
+        env = fake_gcloud_env(tmp_path, cloud.root, FAKE_GCLOUD_VERSION=version)
         env.pop("STORAGE_EMULATOR_HOST", None)
         return run_script("launch_tpu_vm.py", step, *TPU_ARGS, *flags, "--python=false",
                           f"--dist_dir={tmp_path / 'dist'}", "--retry_seconds=5", env=env)

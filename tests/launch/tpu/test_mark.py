@@ -6,7 +6,6 @@ steps that reach a VM take that id (``--run_id``) and refuse another's VM."""
 from __future__ import annotations
 
 import json
-import os
 import re
 
 import pytest
@@ -14,8 +13,8 @@ import pytest
 from launch.tpu import cloud as tpu_cloud
 from launch.tpu import commands as tc
 from tests.launch.fake_cloud import FakeCloud
-from tests.launch.helpers import (PYPROJECT, TPU_ARGS, clean_env, flag_values, run_script,
-                                  tpu_plan, write_fake_gcloud)
+from tests.launch.helpers import (PYPROJECT, TPU_ARGS, flag_values, run_script,
+                                  tpu_plan, fake_gcloud_env)
 
 BASE = [a for a in TPU_ARGS if not a.startswith("--run_id=")]
 
@@ -114,10 +113,7 @@ def test_create_labels_the_vm_and_the_queued_resource_with_the_run_id():
 def steps(tmp_path):
     """Runs a step of ``launch_tpu_vm.py`` against the fake cloud."""
     cloud = FakeCloud(tmp_path / "cloud")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    write_fake_gcloud(bin_dir)
-    env = clean_env(FAKE_CLOUD=str(cloud.root), PATH=f"{bin_dir}:{os.environ['PATH']}")
+    env = fake_gcloud_env(tmp_path, cloud.root)
 
     def step(*argv):
         return run_script("launch_tpu_vm.py", *argv, "--name=team-vm", "--zone=z-1",
