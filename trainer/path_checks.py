@@ -15,16 +15,13 @@ import os
 import stat
 
 import mnist_contract as contract
+from mnist_common.local_paths import is_local
 from trainer.errors import TrainerInputError
 
 # File kinds that are not regular files, by `stat` test: reading one may
 # block for ever (a FIFO with no writer) or never end (a device).
 _NOT_REGULAR = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
                 (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-
-
-def is_local(path: str) -> bool:
-    return "://" not in path
 
 
 def not_converted(data_dir: str) -> str:
