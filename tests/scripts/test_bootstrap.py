@@ -45,7 +45,7 @@ exec {venv}/bin/real-python "$@"
 
 
 def bootstrap(root: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in clean_env().items() if k not in ("PYTHON", "PYTHONPATH")}
+    env = {k: v for k, v in clean_env().items() if k not in ("PYTHON", "PYTHONPATH", "EXTRAS")}
     proc = subprocess.run(["bash", "-c", 'source "$1" && echo "$PYTHON"', "_",
                            str(root / "scripts" / "bootstrap.sh")], cwd=root, env=env,
                           capture_output=True, text=True, timeout=120)

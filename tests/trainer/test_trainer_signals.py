@@ -119,7 +119,7 @@ _HELD_BY_TRAINING = """
 
     trainer.train.train_and_evaluate = train_and_evaluate
     from trainer.__main__ import main
-    sys.argv = ["trainer", "--data=-", "--model_dir=-", "--preset=smoke"]
+    sys.argv = ["trainer", "--data=gs://b/mnist", "--model_dir=gs://b/run", "--preset=smoke"]
     sys.exit(main({argv}))
     """
 _STOPPED = ("Stopped(15, 'SIGTERM received: stopped at step 3/8, saved ckpt-3; "
