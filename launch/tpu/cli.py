@@ -38,7 +38,7 @@ logs    prints the last ``--lines`` lines of every host's log; ``--follow``
 delete  ``gcloud compute tpus tpu-vm delete NAME --quiet``.
 run     a spot run from start to result: create (``--queued``: a queued
         resource), setup, train, wait, and on a preemption delete, create
-        again and resume, until the trainer exits (launch/spot/runner.py;
+        again and resume, until the trainer exits (launch/tpu/spot/runner.py;
         docs/launch.md, "Spot runs").
 
 ``--preset=tpu`` (the trainer's TPU recipe: the CPU recipe, its convnet,
@@ -95,7 +95,7 @@ from typing import Mapping, Sequence
 
 from launch import common as lc
 from launch import staging
-from launch.spot import runner as spot_runner
+from launch.tpu.spot import runner as spot_runner
 from launch.tpu.cloud import Cloud, check_gcloud, compare_manifest, run_step
 from launch.tpu import commands as tc
 from launch.tpu.commands import (DEFAULT_LIBTPU, DEFAULT_TENSORFLOW,
@@ -119,7 +119,7 @@ AT_LEAST_0_INT = number(int, min=0, words="0 or more")
 
 
 def _add_run_flags(common: argparse.ArgumentParser) -> None:
-    """The flags of ``run`` (launch/spot/runner.py), and ``create``'s kind of VM."""
+    """The flags of ``run`` (launch/tpu/spot/runner.py), and ``create``'s kind of VM."""
     common.add_argument("--spot", action="store_true", help="create/run: a Spot TPU VM")
     common.add_argument("--queued", action="store_true",
                         help="create/run: a queued resource, which waits for "
@@ -282,7 +282,7 @@ def _vm_settings(args: argparse.Namespace, trainer_args: Sequence[str],
 
 def _run_id(args: argparse.Namespace) -> str | None:
     """``--run_id``, a valid label value; new for ``create`` and ``all``
-    (``run`` takes its journal's, else a new one: launch/spot/runner.py);
+    (``run`` takes its journal's, else a new one: launch/tpu/spot/runner.py);
     required by a step that reaches an existing VM."""
     if args.run_id is not None and not tc.RUN_ID_RE.fullmatch(args.run_id):
         raise lc.ConfigError(f"--run_id {args.run_id!r} is not a label value: "
@@ -362,10 +362,10 @@ RUN_PLAN_NOTE = """\
 #     left as it is (RUN_ID: --events's run's, else --run_id, else new)"""
 
 def run_spot(cfg: TpuConfig, pyproject: Mapping) -> int:
-    """``run``: the journal checked (launch/spot/journal.py), gcloud's
+    """``run``: the journal checked (launch/tpu/spot/journal.py), gcloud's
     version, a VM of the name that is not this run's refused, the manifest
     compared with the slice once, then the spot loop
-    (launch/spot/runner.py) until the run ends."""
+    (launch/tpu/spot/runner.py) until the run ends."""
     def make_cloud(cfg: TpuConfig) -> Cloud:
         return Cloud(cfg, pyproject, dict(phases("run", cfg, pyproject)))
 
@@ -413,7 +413,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     goes to the gcloud command that runs (`launch.common.run_command`),
     then stops the launcher; ``all --delete_after`` deletes the VM first.
     Training on the hosts goes on. ``run`` handles signals itself
-    (launch/spot/runner.py)."""
+    (launch/tpu/spot/runner.py)."""
     try:
         args, rest = parse_args(sys.argv[1:] if argv is None else argv)
     except lc.ConfigError as exc:

@@ -4,7 +4,7 @@
 ``--dry_run`` prints), each call saying what it saw: a VM state, a trainer
 state, an exit status and the output. None decides what to do about it:
 the steps below stop at the first failure, ``run`` asks
-`launch.spot.decide.decide`. A step shows each command and its output as
+`launch.tpu.spot.decide.decide`. A step shows each command and its output as
 it runs (`Cloud.shown`); ``run`` captures them and shows them only when
 they matter.
 """
@@ -20,7 +20,7 @@ from typing import Callable, Mapping, Sequence
 
 from launch import common as lc
 from launch import staging
-from launch.spot import decide as sd
+from launch.tpu.spot import decide as sd
 from launch.tpu import commands as tc
 from launch.tpu.topology import slice_hosts
 from mnist_common import console

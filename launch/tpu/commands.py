@@ -98,7 +98,7 @@ class TpuConfig:
     build_isolation: bool = True
     # Where the wheel ``setup`` copies comes from (`launch.staging`).
     wheel_source: staging.Source = dataclasses.field(default_factory=staging.find_source)
-    # ``run`` only (launch/spot/runner.py).
+    # ``run`` only (launch/tpu/spot/runner.py).
     max_recoveries: int = 5
     keep: bool = False
     events: Path | None = None
@@ -461,7 +461,7 @@ def phases(step: str, cfg: TpuConfig,
     if step == "all":
         names = ["create", "setup", "train", "wait"] + (
             ["delete"] if cfg.delete_after else [])
-    elif step == "run":  # without a preemption; launch/spot/runner.py has the loop
+    elif step == "run":  # without a preemption; launch/tpu/spot/runner.py has the loop
         names = ["describe", "create", "setup", "train", "wait", "delete", "describe"]
     if step != "run":  # each step that reaches the VM checks its mark first
         names = [n for name in names

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from launch.spot import decide as sd
-from launch.spot import events as spot_events
-from launch.spot import journal as spot_journal
-from launch.spot import runner as spot_runner
+from launch.tpu.spot import decide as sd
+from launch.tpu.spot import events as spot_events
+from launch.tpu.spot import journal as spot_journal
+from launch.tpu.spot import runner as spot_runner
 from launch.tpu import commands as tc
 from tests.helpers import with_defaults
 from tests.launch.helpers import tpu_plan

@@ -15,8 +15,8 @@ import time
 import pytest
 
 from launch.tpu import cloud as tpu_cloud
-from launch.spot import decide as sd
-from launch.spot import journal as spot_journal
+from launch.tpu.spot import decide as sd
+from launch.tpu.spot import journal as spot_journal
 from launch.tpu import commands as tc
 from mnist_common import storage_lock
 from tests.launch.helpers import TPU_ARGS, host_env, run_script, tpu_plan, wait_remote_exit

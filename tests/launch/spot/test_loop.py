@@ -13,9 +13,9 @@ import signal
 import pytest
 
 from launch import common as lc
-from launch.spot import decide as sd
-from launch.spot import events as spot_events
-from launch.spot import runner as spot_runner
+from launch.tpu.spot import decide as sd
+from launch.tpu.spot import events as spot_events
+from launch.tpu.spot import runner as spot_runner
 from tests.launch.helpers import tpu_plan
 from tests.launch.spot.scripted import ScriptedCloud, kinds, loop, progress
 

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from launch.tpu import commands as tc
 from mnist_common import console
-from launch.spot.events import Standing, replay
+from launch.tpu.spot.events import Standing, replay
 
 # The fields `spot_events.Standing.apply` reads, and what each may hold.
 COUNTS = {"step": 0, "total": 1, "recovery": 1}

@@ -37,11 +37,11 @@ from typing import Callable, Iterator
 
 from launch import common as lc
 from mnist_common import console
-from launch.spot import decide as sd
+from launch.tpu.spot import decide as sd
 from launch.tpu import commands as tc
 from launch.tpu.cloud import Cloud, NotThisRun, create_failure, last_line
-from launch.spot.events import Events, Standing
-from launch.spot.journal import Journal, JournalError, identity
+from launch.tpu.spot.events import Events, Standing
+from launch.tpu.spot.journal import Journal, JournalError, identity
 
 
 class Interrupted(Exception):

@@ -3,7 +3,7 @@
 `decide` is the whole policy of a spot run, a pure function of the VM's
 state (``gcloud ... describe``), the trainer's state on it (the status
 script over ssh) and the run's counts, so every ending is tested without a
-cloud. `launch/spot/runner.py` observes, asks `decide`, acts, and asks
+cloud. `launch/tpu/spot/runner.py` observes, asks `decide`, acts, and asks
 again: an action is never assumed to have worked, the next observation
 says whether it did.
 """
