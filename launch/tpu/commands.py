@@ -19,7 +19,9 @@ import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from launch import common as lc
+from launch import errors as le
+from launch import processes as lp
+from launch import wheel as lw
 from launch import staging
 
 from mnist_common import console
@@ -52,7 +54,7 @@ PREINSTALLED = "preinstalled"
 # Installed with its dependencies (the project wheel goes in with --no-deps).
 GCS_DISTRIBUTION = "google-cloud-storage"
 LIBTPU_FIND_LINKS = "https://storage.googleapis.com/libtpu-tf-releases/index.html"
-DEFAULT_DIST_DIR = lc.REPO_ROOT / "dist" / "tpu_vm"
+DEFAULT_DIST_DIR = lw.REPO_ROOT / "dist" / "tpu_vm"
 # Where the install check leaves the import's full output on each host.
 CHECK_LOG = f"{REMOTE_DIR}/install-check.log"
 # Remote shell fragments. They use double quotes only, so that the one level
@@ -117,7 +119,7 @@ def _labels(cfg: TpuConfig) -> str:
     return f"--labels={MARK_KEY}={cfg.run_id or RUN_ID_PLACEHOLDER}"
 
 
-def _gcloud(cfg: TpuConfig, verb: str, *rest: str, group: str = "tpu-vm") -> lc.Command:
+def _gcloud(cfg: TpuConfig, verb: str, *rest: str, group: str = "tpu-vm") -> lp.Command:
     """``gcloud compute tpus GROUP VERB ...`` in the run's zone and project."""
     cmd = [cfg.gcloud, "compute", "tpus", group, verb, *rest, f"--zone={cfg.zone}"]
     if cfg.project:
@@ -126,10 +128,10 @@ def _gcloud(cfg: TpuConfig, verb: str, *rest: str, group: str = "tpu-vm") -> lc.
 
 
 def wheel_name(pyproject: Mapping) -> str:
-    return lc.wheel_filename(*lc.project_name_version(pyproject))
+    return lw.wheel_filename(*lw.project_name_version(pyproject))
 
 
-def create_commands(cfg: TpuConfig) -> list[lc.Command]:
+def create_commands(cfg: TpuConfig) -> list[lp.Command]:
     if cfg.queued:
         return queued_create_commands(cfg)
     cmd = _gcloud(cfg, "create", cfg.name)
@@ -173,10 +175,10 @@ def _pip_install_tensorflow(cfg: TpuConfig) -> list[str]:
 def _pip_install_gcs(pyproject: Mapping) -> str:
     """The ``pip install`` of google-cloud-storage (the trainer's gs:// lock),
     with its dependencies, in the range the trainer extra gives it."""
-    wanted = [r for r in lc.extra_requirements(pyproject, "trainer")
-              if lc.requirement_name(r) == GCS_DISTRIBUTION]
+    wanted = [r for r in lw.extra_requirements(pyproject, "trainer")
+              if lw.requirement_name(r) == GCS_DISTRIBUTION]
     if len(wanted) != 1:
-        raise lc.ConfigError(f"pyproject.toml: the trainer extra must list "
+        raise le.ConfigError(f"pyproject.toml: the trainer extra must list "
                              f"{GCS_DISTRIBUTION} once, not {len(wanted)} times")
     return f'python3 -m pip install --user "{wanted[0]}"'
 
@@ -238,13 +240,13 @@ def install_script(cfg: TpuConfig, pyproject: Mapping) -> str:
     return "; ".join(steps)
 
 
-def build_commands(cfg: TpuConfig) -> list[lc.Command]:
+def build_commands(cfg: TpuConfig) -> list[lp.Command]:
     """``pip wheel`` of a checkout; none for an installed copy (`launch.staging`)."""
     return staging.build_commands(cfg.wheel_source, cfg.python, cfg.dist_dir,
                                   cfg.build_isolation)
 
 
-def setup_commands(cfg: TpuConfig, pyproject: Mapping) -> list[lc.Command]:
+def setup_commands(cfg: TpuConfig, pyproject: Mapping) -> list[lp.Command]:
     """The wheel's build (`build_commands`), its copy to every host, the install."""
     wheel = cfg.dist_dir / wheel_name(pyproject)
     return [
@@ -274,7 +276,7 @@ def check_trainer_args(cfg: TpuConfig) -> None:
     from trainer.config import flag_problem
     problem = flag_problem(trainer_command(cfg)[3:], on_tpu=True)
     if problem:
-        raise lc.ConfigError(f"trainer arguments: {problem}")
+        raise le.ConfigError(f"trainer arguments: {problem}")
 
 
 def train_script(cfg: TpuConfig, dead_hosts: Sequence[str] = ()) -> str:
@@ -358,7 +360,7 @@ def _train_worker(cfg: TpuConfig) -> str:
     return "--worker=0" if cfg.multi_host else "--worker=all"
 
 
-def manifest_command(cfg: TpuConfig) -> lc.Command:
+def manifest_command(cfg: TpuConfig) -> lp.Command:
     """Prints the dataset's manifest.json here, with the user's own gcloud
     and credentials (the launcher needs no Cloud Storage library)."""
     cmd = [cfg.gcloud, "storage", "cat", join_path(cfg.data, MANIFEST_FILE)]
@@ -367,7 +369,7 @@ def manifest_command(cfg: TpuConfig) -> lc.Command:
     return cmd
 
 
-def train_commands(cfg: TpuConfig, dead_hosts: Sequence[str] = ()) -> list[lc.Command]:
+def train_commands(cfg: TpuConfig, dead_hosts: Sequence[str] = ()) -> list[lp.Command]:
     """The manifest read (to compare the train files with the slice's
     hosts), then the start of the trainer."""
     return [manifest_command(cfg),
@@ -375,28 +377,28 @@ def train_commands(cfg: TpuConfig, dead_hosts: Sequence[str] = ()) -> list[lc.Co
                     f"--command={train_script(cfg, dead_hosts)}")]
 
 
-def status_commands(cfg: TpuConfig) -> list[lc.Command]:
+def status_commands(cfg: TpuConfig) -> list[lp.Command]:
     # Every worker: hosts that run no trainer answer "not started".
     return [_gcloud(cfg, "ssh", cfg.name, "--worker=all",
                     f"--command={status_script()}")]
 
 
-def logs_commands(cfg: TpuConfig) -> list[lc.Command]:
+def logs_commands(cfg: TpuConfig) -> list[lp.Command]:
     return [_gcloud(cfg, "ssh", cfg.name, "--worker=all",
                     f"--command={logs_script(cfg)}")]
 
 
-def delete_commands(cfg: TpuConfig) -> list[lc.Command]:
+def delete_commands(cfg: TpuConfig) -> list[lp.Command]:
     if cfg.queued:  # --force: the node goes with its queued resource
         return [_queued(cfg, "delete", cfg.name, "--force", "--quiet")]
     return [_gcloud(cfg, "delete", cfg.name, "--quiet")]
 
 
-def _queued(cfg: TpuConfig, verb: str, *rest: str) -> lc.Command:
+def _queued(cfg: TpuConfig, verb: str, *rest: str) -> lp.Command:
     return _gcloud(cfg, verb, *rest, group="queued-resources")
 
 
-def queued_create_commands(cfg: TpuConfig) -> list[lc.Command]:
+def queued_create_commands(cfg: TpuConfig) -> list[lp.Command]:
     """A queued resource named as the VM: Cloud TPU creates the VM when
     capacity is free instead of refusing the request."""
     cmd = _queued(cfg, "create", cfg.name, f"--node-id={cfg.name}",
@@ -407,14 +409,14 @@ def queued_create_commands(cfg: TpuConfig) -> list[lc.Command]:
     return [cmd]
 
 
-def describe_command(cfg: TpuConfig) -> lc.Command:
+def describe_command(cfg: TpuConfig) -> lp.Command:
     """Prints the VM as JSON: its ``state`` (READY, CREATING, PREEMPTED,
     ...) and ``labels``; exits 1 with NOT_FOUND when there is no VM of
     that name."""
     return _gcloud(cfg, "describe", cfg.name, "--format=json")
 
 
-def describe_commands(cfg: TpuConfig) -> list[lc.Command]:
+def describe_commands(cfg: TpuConfig) -> list[lp.Command]:
     """What ``run`` asks before each decision: the queued resource's state
     and, once it is ACTIVE, its VM's; else the VM's."""
     if cfg.queued:
@@ -422,14 +424,14 @@ def describe_commands(cfg: TpuConfig) -> list[lc.Command]:
     return [describe_command(cfg)]
 
 
-def queued_describe_command(cfg: TpuConfig) -> lc.Command:
+def queued_describe_command(cfg: TpuConfig) -> lp.Command:
     """Prints the queued resource as JSON: its ``state.state`` (ACCEPTED,
     PROVISIONING, ACTIVE, SUSPENDED, FAILED, ...) and, under
     ``tpu.nodeSpec[].node.labels``, the labels its VM is made with."""
     return _queued(cfg, "describe", cfg.name, "--format=json")
 
 
-def fetch_log_command(cfg: TpuConfig, dest: Path) -> lc.Command:
+def fetch_log_command(cfg: TpuConfig, dest: Path) -> lp.Command:
     """Copies the trainer host's log here (worker 0: the one that trains)."""
     return _gcloud(cfg, "scp", f"{cfg.name}:{REMOTE_DIR}/train.log", str(dest),
                    "--worker=0")
@@ -441,7 +443,7 @@ REACHES_VM = ("setup", "train", "wait", "status", "logs", "delete")
 
 
 def phases(step: str, cfg: TpuConfig,
-           pyproject: Mapping) -> list[tuple[str, list[lc.Command]]]:
+           pyproject: Mapping) -> list[tuple[str, list[lp.Command]]]:
     """The steps ``step`` runs, in order, each with its commands.
 
     The one source of what runs: ``execute`` runs these commands and
@@ -469,7 +471,7 @@ def phases(step: str, cfg: TpuConfig,
     return [(name, builders[name]()) for name in names]
 
 
-def plan(step: str, cfg: TpuConfig, pyproject: Mapping) -> list[lc.Command]:
+def plan(step: str, cfg: TpuConfig, pyproject: Mapping) -> list[lp.Command]:
     """Every command ``step`` runs, in order (``wait`` repeats its one)."""
     return [cmd for _, cmds in phases(step, cfg, pyproject) for cmd in cmds]
 

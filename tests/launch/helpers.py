@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from launch import common as lc
+from launch import wheel as lw
 from launch.tpu import cli as lt
 from launch.tpu import cloud as tpu_cloud
 from launch.tpu import commands as tc
@@ -78,9 +78,9 @@ def fake_gcloud_env(tmp_path: Path, cloud_root: Path, **extra: str) -> dict[str,
 
 def as_planned(text: str) -> str:
     """``text`` with the wheel build's staging folder (named by mkdtemp when
-    the build runs) as ``--dry_run`` prints it (`lc.STAGING_PLACEHOLDER`)."""
-    return re.sub(rf"/{lc.STAGING_PREFIX}[a-z0-9_]{{8}}(?=[\s']|$)",
-                  f"/{lc.STAGING_PLACEHOLDER}", text, flags=re.MULTILINE)
+    the build runs) as ``--dry_run`` prints it (`lw.STAGING_PLACEHOLDER`)."""
+    return re.sub(rf"/{lw.STAGING_PREFIX}[a-z0-9_]{{8}}(?=[\s']|$)",
+                  f"/{lw.STAGING_PLACEHOLDER}", text, flags=re.MULTILINE)
 
 
 def fake_program(path: Path, body: str) -> Path:

@@ -35,7 +35,7 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
-from launch import common as lc
+from launch import errors as le
 from mnist_common import console
 from launch.tpu.spot import decide as sd
 from launch.tpu import commands as tc
@@ -320,10 +320,10 @@ class SpotRun(RunObserves):
             except NotThisRun:  # left as it is: `run_spot` says so
                 self.ending = True
                 raise
-            except lc.LaunchError as exc:  # the wheel did not build
+            except le.LaunchError as exc:  # the wheel did not build
                 return self._end(sd.Decision(sd.FAIL, exc.code, str(exc)), sd.UNKNOWN,
                                  sd.Trainer(sd.UNASKED))
-            except (Interrupted, lc.Stopped) as exc:  # lc.Stopped: during a command
+            except (Interrupted, le.Stopped) as exc:  # le.Stopped: during a command
                 return self._interrupted(exc.signum)
             except KeyboardInterrupt:
                 return self._interrupted(signal.SIGINT)
@@ -480,7 +480,7 @@ def run_spot(cfg: tc.TpuConfig, make_cloud: Callable[[tc.TpuConfig], Cloud],
     launcher holds, ends the launcher in one line with nothing done); a
     killed launcher's run is taken up from it, with its run id (the mark
     on its VM): else ``--run_id``, else a new one. ``check`` comes next
-    (the gcloud version: its `lc.LaunchError` ends the launcher with
+    (the gcloud version: its `le.LaunchError` ends the launcher with
     nothing done). A VM of the name that is not this run's (`NotThisRun`)
     ends the launcher in one line, the VM left as it is."""
     journal, standing = None, Standing()
@@ -488,7 +488,7 @@ def run_spot(cfg: tc.TpuConfig, make_cloud: Callable[[tc.TpuConfig], Cloud],
         try:
             journal, standing = Journal.open(cfg.events, identity(cfg))
         except JournalError as exc:
-            return lc.fail(str(exc), exc.code)
+            return le.fail(str(exc), exc.code)
     run_id = (standing.run or {}).get("run_id") or cfg.run_id or tc.new_run_id()
     cloud = make_cloud(dataclasses.replace(cfg, run_id=run_id))
     try:
@@ -496,7 +496,7 @@ def run_spot(cfg: tc.TpuConfig, make_cloud: Callable[[tc.TpuConfig], Cloud],
         return SpotRun(cloud.cfg, cloud, Events(journal), standing).run(
             lambda: prepare(cloud))
     except NotThisRun as exc:
-        return lc.fail(str(exc), exc.code)
+        return le.fail(str(exc), exc.code)
     finally:
         if journal is not None:
             journal.close()

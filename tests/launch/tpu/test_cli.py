@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 import mnist_contract as contract
-from launch import common as lc
+from launch import errors as le
+from launch import wheel as lw
 from launch.tpu import cli as lt
 from launch.tpu import cloud as tpu_cloud
 from launch.tpu import commands as tc
@@ -121,7 +122,7 @@ case "$*" in *"print(tf.__version__)"*) echo 2.20.0 ;; esac
     assert pip[0] == "-m pip install --user tensorflow-tpu==2.20.0 libtpu==0.0.17"
     # The trainer's GCS client with its dependencies, in the trainer extra's
     # range (the project wheel below brings no dependencies).
-    [gcs] = [r for r in lc.extra_requirements(PYPROJECT, "trainer")
+    [gcs] = [r for r in lw.extra_requirements(PYPROJECT, "trainer")
              if r.startswith("google-cloud-storage")]
     assert pip[1] == f"-m pip install --user {gcs}"
     # tf-keras pinned to the installed TensorFlow, and never pulling the
@@ -138,7 +139,7 @@ def test_tpu_install_script_needs_the_gcs_client_in_the_trainer_extra():
     without = {**PYPROJECT, "project": {**PYPROJECT["project"], "optional-dependencies": {
         **extras, "trainer": [r for r in extras["trainer"]
                               if not r.startswith("google-cloud-storage")]}}}
-    with pytest.raises(lc.ConfigError, match="trainer extra must list google-cloud-storage"):
+    with pytest.raises(le.ConfigError, match="trainer extra must list google-cloud-storage"):
         tc.install_script(cfg, without)
 
 

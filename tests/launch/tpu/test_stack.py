@@ -120,7 +120,7 @@ def test_any_other_import_failure_is_its_last_line(tmp_path):
 
 
 def test_the_tpu_extra_pins_what_the_hosts_install():
-    assert tpu_vm_stack.lc.extra_requirements(PYPROJECT, "tpu") == [
+    assert tpu_vm_stack.lw.extra_requirements(PYPROJECT, "tpu") == [
         tc.DEFAULT_TENSORFLOW, tc.DEFAULT_LIBTPU]
 
 
