@@ -100,8 +100,8 @@ from launch import staging
 from launch.tpu.spot import runner as spot_runner
 from launch.tpu.cloud import Cloud, check_gcloud, compare_manifest, run_step
 from launch.tpu import commands as tc
-from launch.tpu.commands import (DEFAULT_LIBTPU, DEFAULT_TENSORFLOW,
-                                 PREINSTALLED, TpuConfig, check_trainer_args, phases, plan)
+from launch.tpu.commands import PREINSTALLED, check_trainer_args, phases, plan
+from launch.tpu.config import DEFAULT_LIBTPU, DEFAULT_TENSORFLOW, TpuConfig
 from launch.tpu.topology import api_accelerator, default_runtime_version, is_multi_host
 from mnist_common import console
 from mnist_common.flags import number

@@ -24,6 +24,8 @@ from launch import wheel as lw
 from launch import staging
 from launch.tpu.spot import decide as sd
 from launch.tpu import commands as tc
+from launch.tpu.config import TpuConfig
+from launch.tpu import states as ts
 from launch.tpu.topology import slice_hosts
 from mnist_common import console
 from mnist_contract import MANIFEST_FILE, ContractError, Manifest, join_path
@@ -79,7 +81,7 @@ def gcloud_needed(commands: Sequence[lp.Command]) -> tuple[str, int] | None:
     return flag, release
 
 
-def check_gcloud(cfg: tc.TpuConfig, commands: Sequence[lp.Command],
+def check_gcloud(cfg: TpuConfig, commands: Sequence[lp.Command],
                  ask: Runner = run_captured) -> None:
     """`le.RunFailure` when the gcloud here is older than ``commands``
     need (`gcloud_needed`), asked once before anything is created, so an
@@ -159,7 +161,7 @@ class Cloud:
     found another's raised `NotThisRun`.
     """
 
-    def __init__(self, cfg: tc.TpuConfig, pyproject: Mapping, planned: Plan,
+    def __init__(self, cfg: TpuConfig, pyproject: Mapping, planned: Plan,
                  run: Runner = run_captured, ask: Runner | None = None,
                  shows_output: bool = False):
         self.cfg, self.pyproject, self.planned = cfg, pyproject, planned
@@ -168,7 +170,7 @@ class Cloud:
         self.checked = False
 
     @classmethod
-    def shown(cls, cfg: tc.TpuConfig, pyproject: Mapping, planned: Plan) -> "Cloud":
+    def shown(cls, cfg: TpuConfig, pyproject: Mapping, planned: Plan) -> "Cloud":
         """A cloud whose commands and output are shown as they run (the steps)."""
         return cls(cfg, pyproject, planned, run_shown, ask_shown, shows_output=True)
 
@@ -226,18 +228,18 @@ class Cloud:
                        f"(describe: {state}); nothing was run on it", console.FAILURE)
 
     def status(self) -> Result:
-        """The status script's answer from every host (`tc.parse_status`)."""
+        """The status script's answer from every host (`ts.parse_status`)."""
         [cmd] = self.planned.get("wait") or self.planned["status"]
         return self._change(cmd, read=True)
 
-    def trainer(self) -> tuple[sd.Trainer, list[tc.Progress]]:
+    def trainer(self) -> tuple[sd.Trainer, list[ts.Progress]]:
         """The trainer's state over ssh, and each host's progress."""
         rc, out, _ = self.status()
-        states = tc.parse_status(out)
+        states = ts.parse_status(out)
         if rc != 0 or not states:
             return sd.Trainer(sd.UNREACHABLE), []
-        state, code = tc.summarize_status(states)
-        return sd.Trainer(state, code if state == "exited" else None), tc.parse_progress(out)
+        state, code = ts.summarize_status(states)
+        return sd.Trainer(state, code if state == "exited" else None), ts.parse_progress(out)
 
     def create(self) -> Result:
         [cmd] = self.planned["create"]
@@ -296,7 +298,7 @@ class Cloud:
 
 # ------------------------------------------------------------------ steps
 
-def train_shards_warning(cfg: tc.TpuConfig, rc: int, manifest_text: str) -> str | None:
+def train_shards_warning(cfg: TpuConfig, rc: int, manifest_text: str) -> str | None:
     """Why the slice's hosts may read the train split badly, or None.
 
     With fewer train files than hosts the trainer cannot give each host its
@@ -346,7 +348,7 @@ def wait_for_trainer(cloud: Cloud, sleep: Callable[[float], None] = time.sleep,
     cfg, start, failures = cloud.cfg, clock(), 0
     while True:
         rc, output, _ = cloud.status()
-        states = tc.parse_status(output)
+        states = ts.parse_status(output)
         if rc != 0 or not states:
             failures += 1
             if failures >= POLL_FAILURES:
@@ -355,7 +357,7 @@ def wait_for_trainer(cloud: Cloud, sleep: Callable[[float], None] = time.sleep,
                                "still be running", console.LOST)
         else:
             failures = 0
-            ended = _trainer_ended(cfg, *tc.summarize_status(states))
+            ended = _trainer_ended(cfg, *ts.summarize_status(states))
             if ended is not None:
                 return ended
         if clock() - start >= cfg.wait_timeout:
@@ -366,11 +368,11 @@ def wait_for_trainer(cloud: Cloud, sleep: Callable[[float], None] = time.sleep,
         sleep(cfg.poll_seconds)
 
 
-def _trainer_ended(cfg: tc.TpuConfig, state: str, code: int) -> int | None:
+def _trainer_ended(cfg: TpuConfig, state: str, code: int) -> int | None:
     """The wait's exit status once the trainer is no longer running, else None."""
     if state == "exited":
         print(f"training on {cfg.name} finished with exit status "
-              f"{code}{tc.exit_note(code)}", file=sys.stderr)
+              f"{code}{ts.exit_note(code)}", file=sys.stderr)
         return code
     if state == "stopped":
         return le.fail(f"{cfg.name}: the trainer stopped without an "
@@ -389,9 +391,9 @@ def show_status(cloud: Cloud) -> int:
     sys.stdout.write(output)
     if rc != 0:
         return rc
-    code = tc.summarize_status(tc.parse_status(output))[1]
-    if tc.exit_note(code):
-        print(f"{cloud.cfg.name}: exit status {code}{tc.exit_note(code)}", file=sys.stderr)
+    code = ts.summarize_status(ts.parse_status(output))[1]
+    if ts.exit_note(code):
+        print(f"{cloud.cfg.name}: exit status {code}{ts.exit_note(code)}", file=sys.stderr)
     return code
 
 

@@ -3,19 +3,17 @@
 ``launch_tpu_vm.py`` reads the settings and runs the steps; this module turns
 a resolved ``TpuConfig`` into the argv lists of each step and the shell
 scripts those ``gcloud compute tpus tpu-vm ssh`` commands carry to the hosts
-(install, start the trainer detached, report its state, show its log), and
-reads the state lines the status script prints back. Nothing here runs a
-command, so tests check the exact text and ``--dry_run`` prints it.
+(install, start the trainer detached, report its state, show its log);
+`launch.tpu.states` reads the state lines the status script prints back.
+Nothing here runs a command, so tests check the exact text and ``--dry_run``
+prints it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import secrets
 import shlex
-import signal
-import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -23,8 +21,7 @@ from launch import errors as le
 from launch import processes as lp
 from launch import wheel as lw
 from launch import staging
-
-from mnist_common import console
+from launch.tpu.config import DEFAULT_LIBTPU, DEFAULT_TENSORFLOW, TpuConfig
 from mnist_common.storage_lock import DEAD_HOSTS_ENV
 from mnist_contract import MANIFEST_FILE, join_path
 
@@ -32,12 +29,6 @@ TRAINER_PRESET = "--preset=tpu"
 # On every host, relative to the login user's home.
 REMOTE_DIR = "~/mnist-tpu"
 STATUS_PREFIX = "mnist-train:"
-_STATUS_RE = re.compile(re.escape(STATUS_PREFIX) + r" (?P<state>running|"
-                        r"exited status=(?P<code>\d+)|stopped|not started)")
-# The rest of a status line: the trainer's progress, then the host.
-_PROGRESS_RE = re.compile(re.escape(STATUS_PREFIX) + r" .*?(?: step=(?P<step>\d+)/"
-                          r"(?P<total>\d+))?(?: resumed=(?P<resumed>\d+))? on "
-                          r"(?P<host>\S+)$", re.MULTILINE)
 # The mark a launcher puts on what it creates: a label whose value is the
 # run's id. GCE label values: lowercase letters, digits, - and _, at most 63.
 MARK_KEY = "mnist-run"
@@ -46,15 +37,10 @@ RUN_ID_RE = re.compile(r"[a-z0-9_-]{1,63}")
 VM_NAME_RE = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")
 # Shown by ``run --dry_run`` where the run's id goes (its journal's, else new).
 RUN_ID_PLACEHOLDER = "RUN_ID"
-DEFAULT_TENSORFLOW = "tensorflow-tpu==2.20.0"
-# The newest libtpu that tensorflow-tpu 2.20.0 loads (docs/tpu_vm_stack.md
-# has the versions tried); the build itself accepts any libtpu~=0.0.14.
-DEFAULT_LIBTPU = "libtpu==0.0.31"
 PREINSTALLED = "preinstalled"
 # Installed with its dependencies (the project wheel goes in with --no-deps).
 GCS_DISTRIBUTION = "google-cloud-storage"
 LIBTPU_FIND_LINKS = "https://storage.googleapis.com/libtpu-tf-releases/index.html"
-DEFAULT_DIST_DIR = lw.REPO_ROOT / "dist" / "tpu_vm"
 # Where the install check leaves the import's full output on each host.
 CHECK_LOG = f"{REMOTE_DIR}/install-check.log"
 # Remote shell fragments. They use double quotes only, so that the one level
@@ -71,43 +57,6 @@ _LIBTPU_VERSION = ('LIBTPU_VERSION="$(python3 -m pip show libtpu 2>/dev/null'
 # ``F ...tpu_executor_init_fns.inc:128] NAME not available in this library.``
 _MISSING = ('MISSING="$(sed -n "s/.*\\] \\([A-Za-z0-9_]*\\) not available '
             f'in this library.*/\\1/p" {CHECK_LOG} | head -n 1)"')
-
-
-@dataclasses.dataclass(frozen=True)
-class TpuConfig:
-    """A launch's settings, settled once (`launch.tpu.cli.resolve_config`)."""
-    name: str
-    zone: str
-    project: str | None = None
-    accelerator_type: str | None = None
-    runtime_version: str | None = None
-    multi_host: bool = False
-    tensorflow: str = DEFAULT_TENSORFLOW
-    libtpu: str | None = None
-    spot: bool = False
-    queued: bool = False
-    data: str | None = None
-    model_dir: str | None = None
-    trainer_args: tuple[str, ...] = ()
-    delete_after: bool = False
-    poll_seconds: float = 60.0
-    wait_timeout: float = 86400.0
-    lines: int = 100
-    follow: bool = False
-    gcloud: str = "gcloud"
-    python: str = sys.executable
-    dist_dir: Path = DEFAULT_DIST_DIR
-    build_isolation: bool = True
-    # Where the wheel ``setup`` copies comes from (`launch.staging`).
-    wheel_source: staging.Source = dataclasses.field(default_factory=staging.find_source)
-    # ``run`` only (launch/tpu/spot/runner.py).
-    max_recoveries: int = 5
-    keep: bool = False
-    events: Path | None = None
-    logs_dir: Path = Path(".")
-    retry_seconds: float = 900.0
-    # The mark (`MARK_KEY`) of the VM this launch creates or works on.
-    run_id: str | None = None
 
 
 def new_run_id() -> str:
@@ -476,69 +425,3 @@ def plan(step: str, cfg: TpuConfig, pyproject: Mapping) -> list[lp.Command]:
     return [cmd for _, cmds in phases(step, cfg, pyproject) for cmd in cmds]
 
 
-# The trainer's exit status after a clean stop on a signal (trainer/run/preemption.py:
-# 128 + the signal number): a checkpoint of that step is saved.
-STOPPED_BY_SIGNAL = {console.stopped_by(s): signal.Signals(s).name
-                     for s in console.STOP_SIGNALS}
-
-
-def exit_note(code: int) -> str:
-    """What a trainer exit status means for the next step, "" if nothing to add."""
-    signal_name = STOPPED_BY_SIGNAL.get(code)
-    if signal_name is None:
-        return ""
-    return (f" (stopped by {signal_name}: preempted or interrupted, after saving a "
-            "checkpoint; rerun the train step to resume)")
-
-
-def parse_status(output: str) -> list[tuple[str, int | None]]:
-    """``(state, exit status)`` per host from the status script's output.
-
-    state: ``running``, ``exited``, ``stopped`` or ``not started``.
-    """
-    found = []
-    for match in _STATUS_RE.finditer(output):
-        state = match["state"]
-        if state.startswith("exited"):
-            found.append(("exited", int(match["code"])))
-        else:
-            found.append((state, None))
-    return found
-
-
-def summarize_status(states: Sequence[tuple[str, int | None]]
-                     ) -> tuple[str, int]:
-    """One state for the slice, and the exit code it maps to.
-
-    Running anywhere means running (0). Otherwise the trainer's status: the
-    first non-zero one among hosts that ran it, 1 if one stopped without a
-    status, 1 when no host started a trainer at all.
-    """
-    if any(state == "running" for state, _ in states):
-        return "running", 0
-    ran = [(s, c) for s, c in states if s != "not started"]
-    if not ran:
-        return "not started", 1
-    if any(state == "stopped" for state, _ in ran):
-        return "stopped", 1
-    codes = [c for _, c in ran if c]
-    return "exited", codes[0] if codes else 0
-
-
-@dataclasses.dataclass(frozen=True)
-class Progress:
-    """The trainer's progress on one host, as its status line reports it."""
-    host: str
-    step: int | None = None
-    total: int | None = None
-    resumed: int | None = None
-
-
-def parse_progress(output: str) -> list[Progress]:
-    """`Progress` per host from the status script's output."""
-    found = []
-    for match in _PROGRESS_RE.finditer(output):
-        step, total, resumed = (int(match[k]) if match[k] else None
-                                for k in ("step", "total", "resumed"))
-        found.append(Progress(match["host"], step, total, resumed))
-    return found

@@ -23,6 +23,8 @@ from launch import wheel as lw
 from launch.tpu import cli as lt
 from launch.tpu import cloud as tpu_cloud
 from launch.tpu import commands as tc
+from launch.tpu.config import TpuConfig
+from launch.tpu import states as ts
 from tests.helpers import REPO
 
 SCRIPTS = REPO / "scripts"
@@ -131,7 +133,7 @@ class FakeHost:
         self.now += seconds
 
 
-def described(cfg: tc.TpuConfig, state: str = "READY") -> str:
+def described(cfg: TpuConfig, state: str = "READY") -> str:
     """``describe --format=json``'s answer for ``cfg``'s VM, marked as its."""
     return json.dumps({"name": cfg.name, "state": state,
                        "labels": {tc.MARK_KEY: cfg.run_id}})
@@ -188,7 +190,7 @@ def run_remote(script: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 def remote_state(env: dict[str, str]) -> tuple[str, int | None]:
     proc = run_remote(tc.status_script(), env)
     assert proc.returncode == 0, proc.stderr
-    [state] = tc.parse_status(proc.stdout)
+    [state] = ts.parse_status(proc.stdout)
     return state
 
 

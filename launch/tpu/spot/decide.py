@@ -31,7 +31,7 @@ QUEUED_WAITING = frozenset({"CREATING", "ACCEPTED", "WAITING_FOR_RESOURCES",
                             "PROVISIONING"})
 QUEUED_ACTIVE = "ACTIVE"
 
-# Trainer states (launch.tpu.commands.summarize_status), plus two of our own.
+# Trainer states (launch.tpu.states.summarize_status), plus two of our own.
 UNREACHABLE = "unreachable"  # the status check over ssh failed
 UNASKED = "unasked"          # not asked: the VM is not READY
 
@@ -47,7 +47,7 @@ ENDINGS = frozenset({FINISH, FAIL, GIVE_UP, LOST, TIMEOUT})
 
 @dataclasses.dataclass(frozen=True)
 class Trainer:
-    """The trainer on the VM: a `launch.tpu.commands.summarize_status` state
+    """The trainer on the VM: a `launch.tpu.states.summarize_status` state
     (or `UNREACHABLE`, `UNASKED`) and its exit status once it exited."""
     state: str
     code: int | None = None

@@ -39,6 +39,8 @@ from launch import errors as le
 from mnist_common import console
 from launch.tpu.spot import decide as sd
 from launch.tpu import commands as tc
+from launch.tpu.config import TpuConfig
+from launch.tpu import states as ts
 from launch.tpu.cloud import Cloud, NotThisRun, create_failure, last_line
 from launch.tpu.spot.events import Events, Standing
 from launch.tpu.spot.journal import Journal, JournalError, identity
@@ -60,7 +62,7 @@ class RunError(Exception):
         self.code = code
 
 
-def trainer_cadence(cfg: tc.TpuConfig) -> tuple[int, int, int, bool] | None:
+def trainer_cadence(cfg: TpuConfig) -> tuple[int, int, int, bool] | None:
     """The trainer's epochs, ``--checkpoint_every``, steps per call and
     whether it runs the Keras loop, from its own flags (None: unreadable)."""
     from trainer.config import flag_problem, parse_flags
@@ -76,7 +78,7 @@ class RunCounts:
     """A run's state and counts (`RunEnds` adds how it removes its VM and
     ends, `RunObserves` what it sees, `SpotRun` how it goes)."""
 
-    def __init__(self, cfg: tc.TpuConfig, cloud: Cloud, events: Events,
+    def __init__(self, cfg: TpuConfig, cloud: Cloud, events: Events,
                  standing: Standing, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep):
         self.cfg, self.cloud, self.events, self.s = cfg, cloud, events, standing
@@ -279,7 +281,7 @@ class RunObserves(RunEnds):
             self._note_progress(progress)
         return vm, trainer
 
-    def _note_progress(self, progress: list[tc.Progress]) -> None:
+    def _note_progress(self, progress: list[ts.Progress]) -> None:
         """A ``training`` event when the step moved, ``resumed`` once the
         trainer of a recovery says where it resumed."""
         hosts = sorted({p.host for p in progress})
@@ -472,7 +474,7 @@ class SpotRun(RunObserves):
             self.events.emit("training", f"{self.cfg.name}: trainer started")
 
 
-def run_spot(cfg: tc.TpuConfig, make_cloud: Callable[[tc.TpuConfig], Cloud],
+def run_spot(cfg: TpuConfig, make_cloud: Callable[[TpuConfig], Cloud],
              prepare: Callable[[Cloud], None] = lambda cloud: None,
              check: Callable[[], None] = lambda: None) -> int:
     """``run`` with real gcloud calls. The ``--events`` journal is read,

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from launch import wheel as lw
 from launch.tpu import commands as tc
+from launch.tpu.config import TpuConfig
 
 USER_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
 CACHE = USER_CACHE / "mnist-tpu"
@@ -148,7 +149,7 @@ def build(dist_dir: Path) -> Stack:
     """
     python = system_python()
     pyproject = lw.load_pyproject()
-    cfg = tc.TpuConfig(name="stack", zone="here", dist_dir=dist_dir)
+    cfg = TpuConfig(name="stack", zone="here", dist_dir=dist_dir)
     script = tc.install_script(cfg, pyproject)
     home = home_for(script, python)
     env = host_env(home, python)

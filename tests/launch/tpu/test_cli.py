@@ -28,6 +28,7 @@ from launch import wheel as lw
 from launch.tpu import cli as lt
 from launch.tpu import cloud as tpu_cloud
 from launch.tpu import commands as tc
+from launch.tpu import states as ts
 from mnist_common import console
 from tests.helpers import REPO
 from tests.launch.helpers import (PYPROJECT, RUN_ID, RUNNING, TPU_ARGS, WHEEL, FakeHost, as_planned,
@@ -321,7 +322,7 @@ def test_logs_follow_stops_when_the_trainer_exits(tmp_path):
 ])
 def test_status_summary(lines, expected):
     output = "Using ssh batch size of 1.\n" + "\n".join(lines) + "\n"
-    assert tc.summarize_status(tc.parse_status(output)) == expected
+    assert ts.summarize_status(ts.parse_status(output)) == expected
 
 
 def test_wait_polls_until_the_trainer_exits(capsys):
