@@ -58,7 +58,10 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 
-from launch import common as lc
+from launch import errors as le
+from launch import processes as lp
+from launch import settings as ls
+from launch import wheel as lw
 from launch import staging as wheels
 
 from mnist_common import console
@@ -66,7 +69,7 @@ from mnist_common.flags import number
 
 PROGRAM = "mnist-launch-dataflow"
 
-DEFAULT_DIST_DIR = lc.REPO_ROOT / "dist" / "dataflow"
+DEFAULT_DIST_DIR = lw.REPO_ROOT / "dist" / "dataflow"
 REQUIREMENTS_NAME = "dataflow-requirements.txt"
 # Dataflow job names: lowercase letters, digits and hyphens, starting with a
 # letter and not ending with a hyphen.
@@ -103,9 +106,9 @@ def default_job_name(now: _dt.datetime | None = None) -> str:
     return "mnist-tfrecords-" + now.strftime("%Y%m%d-%H%M%S")
 
 
-def build_parser() -> lc.LauncherParser:
-    """The launcher's flags; a refused number is a `lc.ConfigError`."""
-    parser = lc.LauncherParser(
+def build_parser() -> ls.LauncherParser:
+    """The launcher's flags; a refused number is a `le.ConfigError`."""
+    parser = ls.LauncherParser(
         allow_abbrev=False,
         description="Run `python -m pipeline` on Dataflow with this project "
                     "staged on the workers. Unknown arguments go to the "
@@ -165,7 +168,7 @@ def _refuse_abbreviations(args: argparse.Namespace, rest: Sequence[str]) -> None
         name = arg.split("=", 1)[0]
         matches = [flag for flag in own if name.startswith("--") and flag.startswith(name)]
         if matches:
-            raise lc.ConfigError(f"{name}: not a flag; flags are not abbreviated "
+            raise le.ConfigError(f"{name}: not a flag; flags are not abbreviated "
                                  f"(did you mean {' or '.join(matches)}?)")
 
 
@@ -173,9 +176,9 @@ def _required(value, names: Sequence[str], flag: str,
               environ: Mapping[str, str] | None) -> str:
     """The flag's ``value``, else the first of the environment variables
     ``names`` that is set; ConfigError if neither is."""
-    found = lc.first_setting(value, lc.env(*names, environ=environ))
+    found = ls.first_setting(value, ls.env(*names, environ=environ))
     if not found:
-        raise lc.ConfigError(f"{flag} is required (or set {names[0]})")
+        raise le.ConfigError(f"{flag} is required (or set {names[0]})")
     return found
 
 
@@ -184,7 +187,7 @@ def _check_job_flags(args: argparse.Namespace, pipeline_args: Sequence[str]) -> 
     their types', checked while parsing)."""
     for arg in pipeline_args:
         if arg.split("=", 1)[0] in ("--runner", "--setup_file"):
-            raise lc.ConfigError(
+            raise le.ConfigError(
                 f"{arg.split('=', 1)[0]} is set by this launcher; drop it")
 
 
@@ -197,14 +200,14 @@ def resolve_config(args: argparse.Namespace, pipeline_args: Sequence[str],
                        "--region", environ)
     temp = _required(args.temp_location, ("DATAFLOW_TEMP_LOCATION",), "--temp_location",
                      environ)
-    temp = lc.require_gs(temp, "--temp_location")
-    staging = lc.require_gs(args.staging_location or temp + "/staging",
+    temp = ls.require_gs(temp, "--temp_location")
+    staging = ls.require_gs(args.staging_location or temp + "/staging",
                             "--staging_location")
     output = _required(args.output, ("DATAFLOW_OUTPUT",), "--output", environ)
-    output = lc.require_gs(output, "--output")
+    output = ls.require_gs(output, "--output")
     job_name = args.job_name or default_job_name()
     if not _JOB_NAME_RE.match(job_name):
-        raise lc.ConfigError(
+        raise le.ConfigError(
             f"--job_name {job_name!r} must be lowercase letters, digits and "
             "hyphens, starting with a letter")
     _check_job_flags(args, pipeline_args)
@@ -226,25 +229,25 @@ def resolve_config(args: argparse.Namespace, pipeline_args: Sequence[str],
 
 def worker_requirements(pyproject: Mapping) -> list[str]:
     """The ``pipeline`` extra, less what the Beam worker image provides."""
-    return [req for req in lc.extra_requirements(pyproject, "pipeline")
-            if lc.requirement_name(req) not in _PROVIDED_BY_WORKER]
+    return [req for req in lw.extra_requirements(pyproject, "pipeline")
+            if lw.requirement_name(req) not in _PROVIDED_BY_WORKER]
 
 
 def wheel_path(cfg: DataflowConfig, pyproject: Mapping) -> Path:
-    return cfg.dist_dir / lc.wheel_filename(*lc.project_name_version(pyproject))
+    return cfg.dist_dir / lw.wheel_filename(*lw.project_name_version(pyproject))
 
 
 def requirements_path(cfg: DataflowConfig) -> Path:
     return cfg.dist_dir / REQUIREMENTS_NAME
 
 
-def build_commands(cfg: DataflowConfig) -> list[lc.Command]:
+def build_commands(cfg: DataflowConfig) -> list[lp.Command]:
     """``pip wheel`` of a checkout; none for an installed copy (`launch.staging`)."""
     return wheels.build_commands(cfg.wheel_source, cfg.python, cfg.dist_dir,
                                   cfg.build_isolation)
 
 
-def pipeline_command(cfg: DataflowConfig, pyproject: Mapping) -> lc.Command:
+def pipeline_command(cfg: DataflowConfig, pyproject: Mapping) -> lp.Command:
     cmd = [
         cfg.python, "-m", "pipeline",
         "--runner=DataflowRunner",
@@ -277,9 +280,9 @@ def pipeline_command(cfg: DataflowConfig, pyproject: Mapping) -> lc.Command:
     return cmd + cfg.pipeline_args
 
 
-def plan(cfg: DataflowConfig, pyproject: Mapping) -> list[lc.Command]:
+def plan(cfg: DataflowConfig, pyproject: Mapping) -> list[lp.Command]:
     """Every command a real run executes, in order (cwd: the folder that
-    holds the `launch` package, `launch.common.REPO_ROOT`)."""
+    holds the `launch` package, `launch.wheel.REPO_ROOT`)."""
     return [*build_commands(cfg), pipeline_command(cfg, pyproject)]
 
 
@@ -288,13 +291,13 @@ def execute(cfg: DataflowConfig, pyproject: Mapping) -> int:
     if not cfg.sdk_container_image:
         requirements_path(cfg).write_text(
             "\n".join(worker_requirements(pyproject)) + "\n")
-    return lc.run_command(pipeline_command(cfg, pyproject), cwd=lc.REPO_ROOT)
+    return lp.run_command(pipeline_command(cfg, pyproject), cwd=lw.REPO_ROOT)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Exit status: the job's, 2 for bad settings, 1 when the wheel build
     fails, 128 + N for signal N. While the wheel build or the job runs, a
-    signal goes to it (`launch.common.run_command`) and its status is the
+    signal goes to it (`launch.processes.run_command`) and its status is the
     launcher's; at any other moment the launcher stops at once, with nothing
     to clean up."""
     with console.exit_on_signals(PROGRAM):
@@ -304,14 +307,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             pyproject = cfg.wheel_source.project()
             if args.dry_run:
                 print(cfg.wheel_source.line(pyproject), file=sys.stderr)
-                print(lc.format_commands([["cd", str(lc.REPO_ROOT)]]
+                print(lp.format_commands([["cd", str(lw.REPO_ROOT)]]
                                          + plan(cfg, pyproject)))
                 return console.OK
             return execute(cfg, pyproject)
-        except lc.LaunchError as exc:
-            return lc.fail(str(exc), exc.code)
-        except lc.Stopped as exc:
-            return lc.stopped(exc, PROGRAM)
+        except le.LaunchError as exc:
+            return le.fail(str(exc), exc.code)
+        except le.Stopped as exc:
+            return le.stopped(exc, PROGRAM)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 A launcher ships the project it is part of. In a checkout (an editable
 install, ``python -m launch`` from the root) that is the checkout: its wheel
-is built with ``pip wheel`` (`launch.common.build_in_staging`). Installed
+is built with ``pip wheel`` (`launch.wheel.build_in_staging`). Installed
 from a wheel (``pip install '.[pipeline]'``), there is no pyproject.toml
 beside the package, so the installed distribution's own files, the ones its
 RECORD lists, are packed back into the wheel they came from, with no build
@@ -24,7 +24,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Callable, Mapping
 
-from launch import common as lc
+from launch import errors as le
+from launch import processes as lp
+from launch import wheel as lw
 from mnist_common import local_paths
 
 # dist-info files that belong to one installation, not to the wheel.
@@ -48,7 +50,7 @@ class Source:
         """The project's settings as pyproject.toml has them (for an installed
         distribution: name, version and requirements from its METADATA)."""
         if not self.installed:
-            return lc.load_pyproject(self.root / "pyproject.toml")
+            return lw.load_pyproject(self.root / "pyproject.toml")
         return installed_project(self.distribution)
 
     def dist_dir(self, name: str) -> Path:
@@ -60,7 +62,7 @@ class Source:
         return Path(cache).resolve() / "mnist-tpu" / "dist" / name
 
     def line(self, pyproject: Mapping) -> str:
-        name, version = lc.project_name_version(pyproject)
+        name, version = lw.project_name_version(pyproject)
         if self.installed:
             return (f"staging: {name} {version} as installed in {self.root} "
                     "(its files, packed into a wheel)")
@@ -68,20 +70,20 @@ class Source:
 
 
 def find_source(source_dir: Path | None = None,
-                launch_root: Path = lc.REPO_ROOT) -> Source:
+                launch_root: Path = lw.REPO_ROOT) -> Source:
     """``--source_dir``, else the checkout the `launch` package sits in, else
     the installed distribution it belongs to; ConfigError if none."""
     if source_dir is not None:
         root = Path(source_dir).expanduser().resolve()
         if not (root / "pyproject.toml").is_file():
-            raise lc.ConfigError(f"--source_dir={source_dir}: no pyproject.toml there; "
+            raise le.ConfigError(f"--source_dir={source_dir}: no pyproject.toml there; "
                                  "name a checkout of the project")
         return Source(root)
     if (launch_root / "pyproject.toml").is_file():
         return Source(launch_root)
     dist = owning_distribution(launch_root)
     if dist is None:
-        raise lc.ConfigError(
+        raise le.ConfigError(
             f"{launch_root / 'launch'}: neither in a checkout (no pyproject.toml beside "
             "it) nor part of an installed distribution; pass --source_dir=CHECKOUT")
     return Source(launch_root, dist)
@@ -132,7 +134,7 @@ def _wheel_members(dist: metadata.Distribution) -> list[tuple[str, Path]]:
             continue
         path = Path(dist.locate_file(file))
         if not path.is_file():
-            raise lc.RunFailure(f"{path}: listed in the installed {dist.metadata['Name']}'s "
+            raise le.RunFailure(f"{path}: listed in the installed {dist.metadata['Name']}'s "
                                 "RECORD but missing; reinstall it, or pass "
                                 "--source_dir=CHECKOUT")
         members.append((name, path))
@@ -146,7 +148,7 @@ def pack_installed(dist: metadata.Distribution, wheel: Path) -> Path:
     info = next((n.split("/")[0] for n, _ in members
                  if n.endswith(".dist-info/METADATA")), None)
     if info is None:
-        raise lc.RunFailure(f"the installed {dist.metadata['Name']} has no METADATA "
+        raise le.RunFailure(f"the installed {dist.metadata['Name']} has no METADATA "
                             "in its RECORD; pass --source_dir=CHECKOUT")
     members.sort(key=lambda m: (m[0].startswith(info), m[0]))  # dist-info last
     wheel.parent.mkdir(parents=True, exist_ok=True)
@@ -169,22 +171,22 @@ def pack_installed(dist: metadata.Distribution, wheel: Path) -> Path:
 
 
 def build_commands(source: Source, python: str, dist_dir: Path,
-                   build_isolation: bool) -> list[lc.Command]:
+                   build_isolation: bool) -> list[lp.Command]:
     """The commands that make the wheel: ``pip wheel`` for a checkout, none
     for an installed distribution (packed here, `pack_installed`)."""
     if source.installed:
         return []
-    return [lc.planned_build_command(python, dist_dir, build_isolation)]
+    return [lw.planned_build_command(python, dist_dir, build_isolation)]
 
 
 def make_wheel(source: Source, dist_dir: Path, pyproject: Mapping,
-               builds: list[lc.Command],
-               run: Callable[[lc.Command], int] | None = None) -> Path:
+               builds: list[lp.Command],
+               run: Callable[[lp.Command], int] | None = None) -> Path:
     """Says what is staged (`Source.line`) and makes its wheel in ``dist_dir``
     (``builds``: `build_commands`); the wheel's path."""
     print(source.line(pyproject), file=sys.stderr, flush=True)
     if source.installed:
         return pack_installed(source.distribution,
-                              dist_dir / lc.wheel_filename(*lc.project_name_version(pyproject)))
+                              dist_dir / lw.wheel_filename(*lw.project_name_version(pyproject)))
     [build] = builds
-    return lc.build_in_staging(build, dist_dir, pyproject, source.root, run)
+    return lw.build_in_staging(build, dist_dir, pyproject, source.root, run)

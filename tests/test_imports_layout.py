@@ -136,3 +136,89 @@ def test_the_delete_scan_finds_each_kind_of_call():
         "os.remove", "os.unlink", "os.replace", "shutil.rmtree", "shutil.move",
         "tf.io.gfile.rmtree", "tf.io.gfile.remove", "tf.io.gfile.rename",
         "Path().unlink", "path.replace", "FileSystems.delete", "_file_systems().rename"])
+
+
+# Subpackages: no two subpackages of one package import each other, directly
+# or through others (launch.tpu and a launch.spot beside it, trainer.run and
+# trainer.loop, ...). A subpackage may use its parent's modules, and the
+# parent its subpackages.
+CYCLE_FREE = ("launch", "pipeline", "trainer")
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported(path: Path, module: str) -> set[str]:
+    """The modules ``path`` (the module ``module``) imports, absolute."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names)
+    return found
+
+
+def _sibling_cycles(root: Path, package: str) -> list[list[str]]:
+    """Each group of sibling subpackages under ``package`` (in the tree at
+    ``root``) that import each other in a cycle, sorted."""
+    packages = sorted(_module_name(p, root) for p in (root / package).rglob("__init__.py"))
+    edges: dict[str, set[str]] = {p: set() for p in packages}
+    for path in (root / package).rglob("*.py"):
+        module = _module_name(path, root)
+        for name in _imported(path, module):
+            for source, target in _sibling_pair(module, name, packages):
+                edges[source].add(target)
+    return _cycles(edges)
+
+
+def _sibling_pair(module: str, name: str, packages: list[str]) -> list[tuple[str, str]]:
+    """(A, B) when ``module`` is inside subpackage A and ``name`` inside its
+    sibling B (the same parent), else nothing."""
+    def within(dotted: str, package: str) -> bool:
+        return dotted == package or dotted.startswith(package + ".")
+    return [(a, b) for a in packages for b in packages
+            if a != b and a.rpartition(".")[0] == b.rpartition(".")[0]
+            and "." in a and within(module, a) and within(name, b)]
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one node."""
+    def reach(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in edges[todo.pop()] - seen:
+                seen.add(nxt)
+                todo.append(nxt)
+        return seen
+    reached = {node: reach(node) for node in edges}
+    groups = {tuple(sorted({node} | {o for o in reached[node] if node in reached[o]}))
+              for node in edges}
+    return sorted(list(g) for g in groups if len(g) > 1)
+
+
+def test_no_two_subpackages_import_each_other():
+    assert {package: _sibling_cycles(REPO, package) for package in CYCLE_FREE} == {
+        package: [] for package in CYCLE_FREE}
+
+
+def test_the_cycle_scan_finds_a_cycle_through_a_third_subpackage(tmp_path):
+    """The scan above sees a cycle of three siblings, a relative import, and
+    leaves a subpackage's use of its parent (and the parent's of it) alone."""
+    files = {"app/__init__.py": "", "app/base.py": "from app.a import x\n",
+             "app/a/__init__.py": "", "app/a/x.py": "from app import base\nfrom app.b import y\n",
+             "app/b/__init__.py": "", "app/b/y.py": "from ..c import z\n",
+             "app/c/__init__.py": "", "app/c/z.py": "import app.a.x\n",
+             "app/d/__init__.py": "from app import a\n"}
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert _sibling_cycles(tmp_path, "app") == [["app.a", "app.b", "app.c"]]

@@ -1,8 +1,11 @@
 """The private TensorFlow internals the trainer relies on or works around,
-each in one place.
+each in one place: three private attributes of strategies and variables
+(`in_multi_worker_mode`, `variable_strategy`, `is_default_strategy`), and
+the malloc thresholds TensorFlow's first ``GeneratorDataset`` kernel sets
+(`restore_malloc_thresholds`, through glibc's ``mallopt``).
 
-None has a public equivalent. Each is read defensively (a missing
-attribute gives the single-worker answer), and each names the versions it
+None has a public equivalent. Each attribute is read defensively (a missing
+one gives the single-worker answer), and each reach names the versions it
 was checked against: TensorFlow 2.21.0 with tf-keras 2.21.0 (the project's
 pins) and, on a Cloud TPU VM, tensorflow-tpu 2.20.0 with tf-keras 2.20.x.
 A TensorFlow upgrade should re-check each.

@@ -38,7 +38,7 @@ logs    prints the last ``--lines`` lines of every host's log; ``--follow``
 delete  ``gcloud compute tpus tpu-vm delete NAME --quiet``.
 run     a spot run from start to result: create (``--queued``: a queued
         resource), setup, train, wait, and on a preemption delete, create
-        again and resume, until the trainer exits (launch/spot/runner.py;
+        again and resume, until the trainer exits (launch/tpu/spot/runner.py;
         docs/launch.md, "Spot runs").
 
 ``--preset=tpu`` (the trainer's TPU recipe: the CPU recipe, its convnet,
@@ -93,13 +93,15 @@ import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from launch import common as lc
+from launch import errors as le
+from launch import processes as lp
+from launch import settings as ls
 from launch import staging
-from launch.spot import runner as spot_runner
+from launch.tpu.spot import runner as spot_runner
 from launch.tpu.cloud import Cloud, check_gcloud, compare_manifest, run_step
 from launch.tpu import commands as tc
-from launch.tpu.commands import (DEFAULT_LIBTPU, DEFAULT_TENSORFLOW,
-                                 PREINSTALLED, TpuConfig, check_trainer_args, phases, plan)
+from launch.tpu.commands import PREINSTALLED, check_trainer_args, phases, plan
+from launch.tpu.config import DEFAULT_LIBTPU, DEFAULT_TENSORFLOW, TpuConfig
 from launch.tpu.topology import api_accelerator, default_runtime_version, is_multi_host
 from mnist_common import console
 from mnist_common.flags import number
@@ -119,7 +121,7 @@ AT_LEAST_0_INT = number(int, min=0, words="0 or more")
 
 
 def _add_run_flags(common: argparse.ArgumentParser) -> None:
-    """The flags of ``run`` (launch/spot/runner.py), and ``create``'s kind of VM."""
+    """The flags of ``run`` (launch/tpu/spot/runner.py), and ``create``'s kind of VM."""
     common.add_argument("--spot", action="store_true", help="create/run: a Spot TPU VM")
     common.add_argument("--queued", action="store_true",
                         help="create/run: a queued resource, which waits for "
@@ -160,9 +162,9 @@ def _add_vm_flags(common: argparse.ArgumentParser) -> None:
                              f"{DEFAULT_TENSORFLOW}: {DEFAULT_LIBTPU})")
 
 
-def build_parser() -> lc.LauncherParser:
+def build_parser() -> ls.LauncherParser:
     """The launcher's parser: one sub-command per verb, each with every flag."""
-    common = lc.LauncherParser(add_help=False, allow_abbrev=False)
+    common = ls.LauncherParser(add_help=False, allow_abbrev=False)
     _add_vm_flags(common)
     common.add_argument("--data", help="gs:// folder the pipeline wrote")
     common.add_argument("--model_dir", help="gs:// folder for checkpoints")
@@ -192,7 +194,7 @@ def build_parser() -> lc.LauncherParser:
     common.add_argument("--dry_run", action="store_true",
                         help="print the commands a run executes, and exit")
     _add_run_flags(common)
-    parser = lc.LauncherParser(
+    parser = ls.LauncherParser(
         allow_abbrev=False,
         description="Cloud TPU VM launcher for the trainer. Unknown "
                     "arguments go to `python -m trainer`.",
@@ -205,7 +207,7 @@ def build_parser() -> lc.LauncherParser:
 
 
 def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
-    """(the launcher's flags, the trainer's); a refused number: `lc.ConfigError`."""
+    """(the launcher's flags, the trainer's); a refused number: `le.ConfigError`."""
     return build_parser().parse_known_args(list(argv))
 
 
@@ -235,7 +237,7 @@ def _refuse_launcher_flags(trainer_args: Sequence[str]) -> None:
     for arg in trainer_args:
         if arg.split("=", 1)[0] in ("--data", "--model_dir", "--strategy",
                                     "--tpu"):
-            raise lc.ConfigError(f"{arg.split('=', 1)[0]} is set by this "
+            raise le.ConfigError(f"{arg.split('=', 1)[0]} is set by this "
                                  "launcher; drop it")
 
 
@@ -244,7 +246,7 @@ def _check_step_flags(args: argparse.Namespace, steps: Sequence[str],
     """Trainer arguments only for a step that trains (the numeric flags'
     ranges are their types', checked while parsing)."""
     if trainer_args and "train" not in steps:
-        raise lc.ConfigError(f"{args.step} takes no trainer arguments, got "
+        raise le.ConfigError(f"{args.step} takes no trainer arguments, got "
                              f"{shlex.join(trainer_args)}")
 
 
@@ -252,21 +254,21 @@ def _vm_settings(args: argparse.Namespace, trainer_args: Sequence[str],
                  environ: Mapping[str, str] | None) -> dict:
     """The settings every step needs: the VM's name, zone and project, and
     the launcher's own options, the project it stages among them."""
-    name = lc.first_setting(args.name, lc.env("TPU_NAME", environ=environ))
+    name = ls.first_setting(args.name, ls.env("TPU_NAME", environ=environ))
     if not name:
-        raise lc.ConfigError("--name is required (or set TPU_NAME)")
+        raise le.ConfigError("--name is required (or set TPU_NAME)")
     if not tc.VM_NAME_RE.fullmatch(name):
-        raise lc.ConfigError(f"--name {name!r} is not a TPU VM name: a lowercase "
+        raise le.ConfigError(f"--name {name!r} is not a TPU VM name: a lowercase "
                              "letter, then lowercase letters, digits or -, not "
                              "ending in -, at most 63 characters")
-    zone = lc.first_setting(args.zone, lc.env(
+    zone = ls.first_setting(args.zone, ls.env(
         "TPU_ZONE", "CLOUDSDK_COMPUTE_ZONE", environ=environ))
     if not zone:
-        raise lc.ConfigError("--zone is required (or set TPU_ZONE)")
+        raise le.ConfigError("--zone is required (or set TPU_ZONE)")
     source = staging.find_source(args.source_dir)
     return dict(
         name=name, zone=zone,
-        project=lc.first_setting(args.project, lc.env(
+        project=ls.first_setting(args.project, ls.env(
             "GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT", environ=environ)),
         libtpu=args.libtpu, spot=args.spot, queued=args.queued,
         max_recoveries=args.max_recoveries, keep=args.keep,
@@ -282,15 +284,15 @@ def _vm_settings(args: argparse.Namespace, trainer_args: Sequence[str],
 
 def _run_id(args: argparse.Namespace) -> str | None:
     """``--run_id``, a valid label value; new for ``create`` and ``all``
-    (``run`` takes its journal's, else a new one: launch/spot/runner.py);
+    (``run`` takes its journal's, else a new one: launch/tpu/spot/runner.py);
     required by a step that reaches an existing VM."""
     if args.run_id is not None and not tc.RUN_ID_RE.fullmatch(args.run_id):
-        raise lc.ConfigError(f"--run_id {args.run_id!r} is not a label value: "
+        raise le.ConfigError(f"--run_id {args.run_id!r} is not a label value: "
                              "lowercase letters, digits, - and _, at most 63")
     if args.run_id is None and args.step in ("create", "all"):
         return tc.new_run_id()
     if args.run_id is None and args.step in tc.REACHES_VM:
-        raise lc.ConfigError(f"{args.step} needs --run_id: the id create printed, "
+        raise le.ConfigError(f"{args.step} needs --run_id: the id create printed, "
                              f"the VM's label {tc.MARK_KEY}")
     return args.run_id
 
@@ -302,10 +304,10 @@ def _software_settings(args: argparse.Namespace,
     A multi-host slice needs a TensorFlow pod image and its own TensorFlow,
     which runs the TPU worker service on every host.
     """
-    accelerator = lc.first_setting(args.accelerator_type, lc.env(
+    accelerator = ls.first_setting(args.accelerator_type, ls.env(
         "TPU_ACCELERATOR_TYPE", environ=environ))
     if not accelerator:
-        raise lc.ConfigError(
+        raise le.ConfigError(
             "--accelerator_type is required (or set TPU_ACCELERATOR_TYPE), "
             "e.g. v4-8")
     if api_accelerator(accelerator) != accelerator:
@@ -313,18 +315,18 @@ def _software_settings(args: argparse.Namespace,
               "the TPU API's name for it", file=sys.stderr)
         accelerator = api_accelerator(accelerator)
     multi_host = is_multi_host(accelerator)
-    runtime_version = (lc.first_setting(args.runtime_version, lc.env(
+    runtime_version = (ls.first_setting(args.runtime_version, ls.env(
         "TPU_RUNTIME_VERSION", environ=environ))
         or default_runtime_version(accelerator))
     tf_image = runtime_version.startswith("tpu-vm-tf-")
     tensorflow = args.tensorflow or (PREINSTALLED if tf_image else DEFAULT_TENSORFLOW)
     if multi_host and not (tf_image and "-pod" in runtime_version):
-        raise lc.ConfigError(
+        raise le.ConfigError(
             f"{accelerator} spans several hosts and needs a TensorFlow pod "
             f"image, not {runtime_version!r}: pass "
             "--runtime_version=tpu-vm-tf-<version>-pod-pjrt")
     if multi_host and tensorflow != PREINSTALLED:
-        raise lc.ConfigError(
+        raise le.ConfigError(
             "on a multi-host slice keep the pod image's TensorFlow "
             f"(--tensorflow={PREINSTALLED}); it runs the TPU worker service")
     return dict(accelerator_type=accelerator, multi_host=multi_host,
@@ -335,14 +337,14 @@ def _train_folders(args: argparse.Namespace) -> dict:
     """``--data`` and ``--model_dir``: required, and gs:// (TPU hosts read
     and write Cloud Storage, not this machine's disk)."""
     if not (args.data or "").strip():
-        raise lc.ConfigError(
+        raise le.ConfigError(
             "--data is required: the gs:// folder the pipeline wrote")
-    data = lc.require_gs(args.data, "--data")
+    data = ls.require_gs(args.data, "--data")
     if not args.model_dir:
-        raise lc.ConfigError(
+        raise le.ConfigError(
             "--model_dir is required: a gs:// folder (TPU hosts cannot "
             "write to this machine's disk)")
-    return dict(data=data, model_dir=lc.require_gs(args.model_dir, "--model_dir"))
+    return dict(data=data, model_dir=ls.require_gs(args.model_dir, "--model_dir"))
 
 
 # What --dry_run adds to the plan of ``run`` (its commands without a preemption).
@@ -362,10 +364,10 @@ RUN_PLAN_NOTE = """\
 #     left as it is (RUN_ID: --events's run's, else --run_id, else new)"""
 
 def run_spot(cfg: TpuConfig, pyproject: Mapping) -> int:
-    """``run``: the journal checked (launch/spot/journal.py), gcloud's
+    """``run``: the journal checked (launch/tpu/spot/journal.py), gcloud's
     version, a VM of the name that is not this run's refused, the manifest
     compared with the slice once, then the spot loop
-    (launch/spot/runner.py) until the run ends."""
+    (launch/tpu/spot/runner.py) until the run ends."""
     def make_cloud(cfg: TpuConfig) -> Cloud:
         return Cloud(cfg, pyproject, dict(phases("run", cfg, pyproject)))
 
@@ -410,23 +412,23 @@ def execute(step: str, cfg: TpuConfig, pyproject: Mapping) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Exit status: the step's (`wait`: the trainer's, 124, 255), 2 for bad
     settings, 1 when a command fails to run, 128 + N for signal N. A signal
-    goes to the gcloud command that runs (`launch.common.run_command`),
+    goes to the gcloud command that runs (`launch.processes.run_command`),
     then stops the launcher; ``all --delete_after`` deletes the VM first.
     Training on the hosts goes on. ``run`` handles signals itself
-    (launch/spot/runner.py)."""
+    (launch/tpu/spot/runner.py)."""
     try:
         args, rest = parse_args(sys.argv[1:] if argv is None else argv)
-    except lc.ConfigError as exc:
-        return lc.fail(str(exc), exc.code)
+    except le.ConfigError as exc:
+        return le.fail(str(exc), exc.code)
     signals = (console.exit_on_signals(PROGRAM) if args.step == "run"
-               else lc.raising_on_signals())
+               else lp.raising_on_signals())
     try:
         with signals:
             return _main(args, rest)
-    except lc.LaunchError as exc:
-        return lc.fail(str(exc), exc.code)
-    except lc.Stopped as exc:
-        return lc.stopped(exc, PROGRAM)
+    except le.LaunchError as exc:
+        return le.fail(str(exc), exc.code)
+    except le.Stopped as exc:
+        return le.stopped(exc, PROGRAM)
 
 
 def _main(args: argparse.Namespace, rest: list[str]) -> int:
@@ -436,7 +438,7 @@ def _main(args: argparse.Namespace, rest: list[str]) -> int:
         return execute(args.step, cfg, pyproject)
     if args.step in ("setup", "all", "run"):
         print(cfg.wheel_source.line(pyproject), file=sys.stderr)
-    print(lc.format_commands(plan(args.step, cfg, pyproject)))
+    print(lp.format_commands(plan(args.step, cfg, pyproject)))
     if args.step in ("all", "wait"):
         print(f"# the status command repeats every "
               f"{cfg.poll_seconds:g} s until the trainer exits "

@@ -4,7 +4,7 @@
 ``--dry_run`` prints), each call saying what it saw: a VM state, a trainer
 state, an exit status and the output. None decides what to do about it:
 the steps below stop at the first failure, ``run`` asks
-`launch.spot.decide.decide`. A step shows each command and its output as
+`launch.tpu.spot.decide.decide`. A step shows each command and its output as
 it runs (`Cloud.shown`); ``run`` captures them and shows them only when
 they matter.
 """
@@ -18,17 +18,21 @@ import time
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from launch import common as lc
+from launch import errors as le
+from launch import processes as lp
+from launch import wheel as lw
 from launch import staging
-from launch.spot import decide as sd
+from launch.tpu.spot import decide as sd
 from launch.tpu import commands as tc
+from launch.tpu.config import TpuConfig
+from launch.tpu import states as ts
 from launch.tpu.topology import slice_hosts
 from mnist_common import console
 from mnist_contract import MANIFEST_FILE, ContractError, Manifest, join_path
 
 Result = tuple[int, str, str]  # exit status, stdout, stderr
-Runner = Callable[[lc.Command], Result]
-Plan = Mapping[str, Sequence[lc.Command]]  # a step's name -> its commands
+Runner = Callable[[lp.Command], Result]
+Plan = Mapping[str, Sequence[lp.Command]]  # a step's name -> its commands
 # gcloud's words for a create that failed for want of capacity, and for one
 # that will fail the same way however often it is retried.
 STOCKOUT_MARKERS = ("no more capacity", "resource_exhausted", "stockout")
@@ -41,24 +45,24 @@ POLL_FAILURES = 5    # failed status checks in a row before ``wait`` gives up
 GCLOUD_RELEASES = (("queued-resources", "--queued", 467), ("--spot", "--spot", 464))
 
 
-def run_captured(cmd: lc.Command) -> Result:
+def run_captured(cmd: lp.Command) -> Result:
     """Runs ``cmd`` with its output captured (shown only when it fails)."""
     try:
         proc = subprocess.run(list(cmd), capture_output=True, text=True,
-                              errors="replace", check=False, cwd=lc.REPO_ROOT)
+                              errors="replace", check=False, cwd=lw.REPO_ROOT)
     except FileNotFoundError:
         return 127, "", f"{cmd[0]}: command not found"
     return proc.returncode, proc.stdout, proc.stderr
 
 
-def run_shown(cmd: lc.Command) -> Result:
-    """Shows ``cmd`` and runs it with its output shown (`lc.run_command`)."""
-    return lc.run_command(cmd, cwd=lc.REPO_ROOT), "", ""
+def run_shown(cmd: lp.Command) -> Result:
+    """Shows ``cmd`` and runs it with its output shown (`lp.run_command`)."""
+    return lp.run_command(cmd, cwd=lw.REPO_ROOT), "", ""
 
 
-def ask_shown(cmd: lc.Command) -> Result:
-    """Shows ``cmd`` and runs it for its stdout (`lc.run_command_output`)."""
-    return (*lc.run_command_output(cmd), "")
+def ask_shown(cmd: lp.Command) -> Result:
+    """Shows ``cmd`` and runs it for its stdout (`lp.run_command_output`)."""
+    return (*lp.run_command_output(cmd), "")
 
 
 def last_line(text: str) -> str:
@@ -66,7 +70,7 @@ def last_line(text: str) -> str:
     return lines[-1].strip() if lines else "no output"
 
 
-def gcloud_needed(commands: Sequence[lc.Command]) -> tuple[str, int] | None:
+def gcloud_needed(commands: Sequence[lp.Command]) -> tuple[str, int] | None:
     """The flag of ``commands`` that needs the newest gcloud, and that
     release (None: any gcloud runs them)."""
     used = [(release, flag) for arg, flag, release in GCLOUD_RELEASES
@@ -77,9 +81,9 @@ def gcloud_needed(commands: Sequence[lc.Command]) -> tuple[str, int] | None:
     return flag, release
 
 
-def check_gcloud(cfg: tc.TpuConfig, commands: Sequence[lc.Command],
+def check_gcloud(cfg: TpuConfig, commands: Sequence[lp.Command],
                  ask: Runner = run_captured) -> None:
-    """`lc.RunFailure` when the gcloud here is older than ``commands``
+    """`le.RunFailure` when the gcloud here is older than ``commands``
     need (`gcloud_needed`), asked once before anything is created, so an
     old SDK does not fail deep in a run; a version that cannot be read is
     a warning."""
@@ -90,7 +94,7 @@ def check_gcloud(cfg: tc.TpuConfig, commands: Sequence[lc.Command],
     wanted = f"{flag} needs Google Cloud SDK {release}.0.0 or newer"
     rc, out, err = ask([cfg.gcloud, "version", "--format=json"])
     if rc != 0:
-        raise lc.RunFailure(f"`{cfg.gcloud} version` exited {rc} "
+        raise le.RunFailure(f"`{cfg.gcloud} version` exited {rc} "
                             f"({last_line(err + out)}); {wanted}")
     try:
         version = json.loads(out)["Google Cloud SDK"]
@@ -100,7 +104,7 @@ def check_gcloud(cfg: tc.TpuConfig, commands: Sequence[lc.Command],
               f"{wanted}", file=sys.stderr)
         return
     if major < release:
-        raise lc.RunFailure(f"gcloud {version} is too old: {wanted} "
+        raise le.RunFailure(f"gcloud {version} is too old: {wanted} "
                             "(`gcloud components update`)")
 
 
@@ -115,7 +119,7 @@ def create_failure(text: str) -> str:
     return "transient"
 
 
-class NotThisRun(lc.LaunchError):
+class NotThisRun(le.LaunchError):
     """A VM or queued resource of the launch's name that this launch did
     not create: it carries no mark (`tc.MARK_KEY`), or another run's."""
     code = console.BAD_INPUT
@@ -157,7 +161,7 @@ class Cloud:
     found another's raised `NotThisRun`.
     """
 
-    def __init__(self, cfg: tc.TpuConfig, pyproject: Mapping, planned: Plan,
+    def __init__(self, cfg: TpuConfig, pyproject: Mapping, planned: Plan,
                  run: Runner = run_captured, ask: Runner | None = None,
                  shows_output: bool = False):
         self.cfg, self.pyproject, self.planned = cfg, pyproject, planned
@@ -166,7 +170,7 @@ class Cloud:
         self.checked = False
 
     @classmethod
-    def shown(cls, cfg: tc.TpuConfig, pyproject: Mapping, planned: Plan) -> "Cloud":
+    def shown(cls, cfg: TpuConfig, pyproject: Mapping, planned: Plan) -> "Cloud":
         """A cloud whose commands and output are shown as they run (the steps)."""
         return cls(cfg, pyproject, planned, run_shown, ask_shown, shows_output=True)
 
@@ -187,7 +191,7 @@ class Cloud:
         self.checked = state not in (sd.GONE, sd.UNKNOWN)
         return state
 
-    def _described(self, cmd: lc.Command, what: str, queued: bool) -> str:
+    def _described(self, cmd: lp.Command, what: str, queued: bool) -> str:
         rc, out, err = self.ask(cmd)
         if rc != 0:
             return sd.GONE if "NOT_FOUND" in err else sd.UNKNOWN
@@ -202,7 +206,7 @@ class Cloud:
                 "as it is: pass another --name, or the --run_id it was made with")
         return state
 
-    def _change(self, cmd: lc.Command, read: bool = False) -> Result:
+    def _change(self, cmd: lp.Command, read: bool = False) -> Result:
         """Runs ``cmd``, which reaches or changes the VM, only while
         ``checked`` (``read``: for its stdout); else runs nothing and fails
         saying why."""
@@ -220,22 +224,22 @@ class Cloud:
         state = self.vm_state()
         if self.checked:
             return console.OK
-        return lc.fail(f"{self.cfg.name} in {self.cfg.zone}: no VM to reach "
+        return le.fail(f"{self.cfg.name} in {self.cfg.zone}: no VM to reach "
                        f"(describe: {state}); nothing was run on it", console.FAILURE)
 
     def status(self) -> Result:
-        """The status script's answer from every host (`tc.parse_status`)."""
+        """The status script's answer from every host (`ts.parse_status`)."""
         [cmd] = self.planned.get("wait") or self.planned["status"]
         return self._change(cmd, read=True)
 
-    def trainer(self) -> tuple[sd.Trainer, list[tc.Progress]]:
+    def trainer(self) -> tuple[sd.Trainer, list[ts.Progress]]:
         """The trainer's state over ssh, and each host's progress."""
         rc, out, _ = self.status()
-        states = tc.parse_status(out)
+        states = ts.parse_status(out)
         if rc != 0 or not states:
             return sd.Trainer(sd.UNREACHABLE), []
-        state, code = tc.summarize_status(states)
-        return sd.Trainer(state, code if state == "exited" else None), tc.parse_progress(out)
+        state, code = ts.summarize_status(states)
+        return sd.Trainer(state, code if state == "exited" else None), ts.parse_progress(out)
 
     def create(self) -> Result:
         [cmd] = self.planned["create"]
@@ -244,12 +248,12 @@ class Cloud:
 
     def build_wheel(self) -> None:
         """The project wheel, built here (once for every VM of a run);
-        `lc.RunFailure` when it does not build."""
+        `le.RunFailure` when it does not build."""
         builds = self.planned["setup"][:len(tc.build_commands(self.cfg))]
         staging.make_wheel(self.cfg.wheel_source, self.cfg.dist_dir, self.pyproject,
                            builds, self._build)
 
-    def _build(self, cmd: lc.Command) -> int:
+    def _build(self, cmd: lp.Command) -> int:
         rc, _, err = self.run(cmd)
         if rc != 0 and not self.shows_output:
             print(err[-2000:], file=sys.stderr)
@@ -259,7 +263,7 @@ class Cloud:
         """Copies the wheel to every host and installs it; the first failure."""
         return self._in_turn(self.planned["setup"][len(tc.build_commands(self.cfg)):])
 
-    def _in_turn(self, commands: Sequence[lc.Command]) -> Result:
+    def _in_turn(self, commands: Sequence[lp.Command]) -> Result:
         """Runs ``commands`` until one fails; the last result."""
         result = 0, "", ""
         for cmd in commands:
@@ -294,7 +298,7 @@ class Cloud:
 
 # ------------------------------------------------------------------ steps
 
-def train_shards_warning(cfg: tc.TpuConfig, rc: int, manifest_text: str) -> str | None:
+def train_shards_warning(cfg: TpuConfig, rc: int, manifest_text: str) -> str | None:
     """Why the slice's hosts may read the train split badly, or None.
 
     With fewer train files than hosts the trainer cannot give each host its
@@ -344,38 +348,38 @@ def wait_for_trainer(cloud: Cloud, sleep: Callable[[float], None] = time.sleep,
     cfg, start, failures = cloud.cfg, clock(), 0
     while True:
         rc, output, _ = cloud.status()
-        states = tc.parse_status(output)
+        states = ts.parse_status(output)
         if rc != 0 or not states:
             failures += 1
             if failures >= POLL_FAILURES:
-                return lc.fail(f"{cfg.name}: {failures} status checks in a "
+                return le.fail(f"{cfg.name}: {failures} status checks in a "
                                f"row failed (last exit {rc}); training may "
                                "still be running", console.LOST)
         else:
             failures = 0
-            ended = _trainer_ended(cfg, *tc.summarize_status(states))
+            ended = _trainer_ended(cfg, *ts.summarize_status(states))
             if ended is not None:
                 return ended
         if clock() - start >= cfg.wait_timeout:
-            return lc.fail(f"{cfg.name}: training still running after "
+            return le.fail(f"{cfg.name}: training still running after "
                            f"{cfg.wait_timeout:g} s (--wait_timeout); it "
                            "goes on, see the status and logs steps",
                            console.TIMED_OUT)
         sleep(cfg.poll_seconds)
 
 
-def _trainer_ended(cfg: tc.TpuConfig, state: str, code: int) -> int | None:
+def _trainer_ended(cfg: TpuConfig, state: str, code: int) -> int | None:
     """The wait's exit status once the trainer is no longer running, else None."""
     if state == "exited":
         print(f"training on {cfg.name} finished with exit status "
-              f"{code}{tc.exit_note(code)}", file=sys.stderr)
+              f"{code}{ts.exit_note(code)}", file=sys.stderr)
         return code
     if state == "stopped":
-        return lc.fail(f"{cfg.name}: the trainer stopped without an "
+        return le.fail(f"{cfg.name}: the trainer stopped without an "
                        "exit status (killed, or the host restarted);"
                        " see the logs step", console.FAILURE)
     if state == "not started":
-        return lc.fail(f"{cfg.name}: no trainer was started there "
+        return le.fail(f"{cfg.name}: no trainer was started there "
                        f"({tc.REMOTE_DIR}/train.pid is missing)", console.FAILURE)
     return None
 
@@ -387,9 +391,9 @@ def show_status(cloud: Cloud) -> int:
     sys.stdout.write(output)
     if rc != 0:
         return rc
-    code = tc.summarize_status(tc.parse_status(output))[1]
-    if tc.exit_note(code):
-        print(f"{cloud.cfg.name}: exit status {code}{tc.exit_note(code)}", file=sys.stderr)
+    code = ts.summarize_status(ts.parse_status(output))[1]
+    if ts.exit_note(code):
+        print(f"{cloud.cfg.name}: exit status {code}{ts.exit_note(code)}", file=sys.stderr)
     return code
 
 

@@ -3,26 +3,25 @@
 ``launch_tpu_vm.py`` reads the settings and runs the steps; this module turns
 a resolved ``TpuConfig`` into the argv lists of each step and the shell
 scripts those ``gcloud compute tpus tpu-vm ssh`` commands carry to the hosts
-(install, start the trainer detached, report its state, show its log), and
-reads the state lines the status script prints back. Nothing here runs a
-command, so tests check the exact text and ``--dry_run`` prints it.
+(install, start the trainer detached, report its state, show its log);
+`launch.tpu.states` reads the state lines the status script prints back.
+Nothing here runs a command, so tests check the exact text and ``--dry_run``
+prints it.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import secrets
 import shlex
-import signal
-import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from launch import common as lc
+from launch import errors as le
+from launch import processes as lp
+from launch import wheel as lw
 from launch import staging
-
-from mnist_common import console
+from launch.tpu.config import DEFAULT_LIBTPU, DEFAULT_TENSORFLOW, TpuConfig
 from mnist_common.storage_lock import DEAD_HOSTS_ENV
 from mnist_contract import MANIFEST_FILE, join_path
 
@@ -30,12 +29,6 @@ TRAINER_PRESET = "--preset=tpu"
 # On every host, relative to the login user's home.
 REMOTE_DIR = "~/mnist-tpu"
 STATUS_PREFIX = "mnist-train:"
-_STATUS_RE = re.compile(re.escape(STATUS_PREFIX) + r" (?P<state>running|"
-                        r"exited status=(?P<code>\d+)|stopped|not started)")
-# The rest of a status line: the trainer's progress, then the host.
-_PROGRESS_RE = re.compile(re.escape(STATUS_PREFIX) + r" .*?(?: step=(?P<step>\d+)/"
-                          r"(?P<total>\d+))?(?: resumed=(?P<resumed>\d+))? on "
-                          r"(?P<host>\S+)$", re.MULTILINE)
 # The mark a launcher puts on what it creates: a label whose value is the
 # run's id. GCE label values: lowercase letters, digits, - and _, at most 63.
 MARK_KEY = "mnist-run"
@@ -44,15 +37,10 @@ RUN_ID_RE = re.compile(r"[a-z0-9_-]{1,63}")
 VM_NAME_RE = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")
 # Shown by ``run --dry_run`` where the run's id goes (its journal's, else new).
 RUN_ID_PLACEHOLDER = "RUN_ID"
-DEFAULT_TENSORFLOW = "tensorflow-tpu==2.20.0"
-# The newest libtpu that tensorflow-tpu 2.20.0 loads (docs/tpu_vm_stack.md
-# has the versions tried); the build itself accepts any libtpu~=0.0.14.
-DEFAULT_LIBTPU = "libtpu==0.0.31"
 PREINSTALLED = "preinstalled"
 # Installed with its dependencies (the project wheel goes in with --no-deps).
 GCS_DISTRIBUTION = "google-cloud-storage"
 LIBTPU_FIND_LINKS = "https://storage.googleapis.com/libtpu-tf-releases/index.html"
-DEFAULT_DIST_DIR = lc.REPO_ROOT / "dist" / "tpu_vm"
 # Where the install check leaves the import's full output on each host.
 CHECK_LOG = f"{REMOTE_DIR}/install-check.log"
 # Remote shell fragments. They use double quotes only, so that the one level
@@ -71,43 +59,6 @@ _MISSING = ('MISSING="$(sed -n "s/.*\\] \\([A-Za-z0-9_]*\\) not available '
             f'in this library.*/\\1/p" {CHECK_LOG} | head -n 1)"')
 
 
-@dataclasses.dataclass(frozen=True)
-class TpuConfig:
-    """A launch's settings, settled once (`launch.tpu.cli.resolve_config`)."""
-    name: str
-    zone: str
-    project: str | None = None
-    accelerator_type: str | None = None
-    runtime_version: str | None = None
-    multi_host: bool = False
-    tensorflow: str = DEFAULT_TENSORFLOW
-    libtpu: str | None = None
-    spot: bool = False
-    queued: bool = False
-    data: str | None = None
-    model_dir: str | None = None
-    trainer_args: tuple[str, ...] = ()
-    delete_after: bool = False
-    poll_seconds: float = 60.0
-    wait_timeout: float = 86400.0
-    lines: int = 100
-    follow: bool = False
-    gcloud: str = "gcloud"
-    python: str = sys.executable
-    dist_dir: Path = DEFAULT_DIST_DIR
-    build_isolation: bool = True
-    # Where the wheel ``setup`` copies comes from (`launch.staging`).
-    wheel_source: staging.Source = dataclasses.field(default_factory=staging.find_source)
-    # ``run`` only (launch/spot/runner.py).
-    max_recoveries: int = 5
-    keep: bool = False
-    events: Path | None = None
-    logs_dir: Path = Path(".")
-    retry_seconds: float = 900.0
-    # The mark (`MARK_KEY`) of the VM this launch creates or works on.
-    run_id: str | None = None
-
-
 def new_run_id() -> str:
     """A fresh run id, a valid label value (`RUN_ID_RE`)."""
     return secrets.token_hex(8)
@@ -117,7 +68,7 @@ def _labels(cfg: TpuConfig) -> str:
     return f"--labels={MARK_KEY}={cfg.run_id or RUN_ID_PLACEHOLDER}"
 
 
-def _gcloud(cfg: TpuConfig, verb: str, *rest: str, group: str = "tpu-vm") -> lc.Command:
+def _gcloud(cfg: TpuConfig, verb: str, *rest: str, group: str = "tpu-vm") -> lp.Command:
     """``gcloud compute tpus GROUP VERB ...`` in the run's zone and project."""
     cmd = [cfg.gcloud, "compute", "tpus", group, verb, *rest, f"--zone={cfg.zone}"]
     if cfg.project:
@@ -126,10 +77,10 @@ def _gcloud(cfg: TpuConfig, verb: str, *rest: str, group: str = "tpu-vm") -> lc.
 
 
 def wheel_name(pyproject: Mapping) -> str:
-    return lc.wheel_filename(*lc.project_name_version(pyproject))
+    return lw.wheel_filename(*lw.project_name_version(pyproject))
 
 
-def create_commands(cfg: TpuConfig) -> list[lc.Command]:
+def create_commands(cfg: TpuConfig) -> list[lp.Command]:
     if cfg.queued:
         return queued_create_commands(cfg)
     cmd = _gcloud(cfg, "create", cfg.name)
@@ -173,10 +124,10 @@ def _pip_install_tensorflow(cfg: TpuConfig) -> list[str]:
 def _pip_install_gcs(pyproject: Mapping) -> str:
     """The ``pip install`` of google-cloud-storage (the trainer's gs:// lock),
     with its dependencies, in the range the trainer extra gives it."""
-    wanted = [r for r in lc.extra_requirements(pyproject, "trainer")
-              if lc.requirement_name(r) == GCS_DISTRIBUTION]
+    wanted = [r for r in lw.extra_requirements(pyproject, "trainer")
+              if lw.requirement_name(r) == GCS_DISTRIBUTION]
     if len(wanted) != 1:
-        raise lc.ConfigError(f"pyproject.toml: the trainer extra must list "
+        raise le.ConfigError(f"pyproject.toml: the trainer extra must list "
                              f"{GCS_DISTRIBUTION} once, not {len(wanted)} times")
     return f'python3 -m pip install --user "{wanted[0]}"'
 
@@ -238,13 +189,13 @@ def install_script(cfg: TpuConfig, pyproject: Mapping) -> str:
     return "; ".join(steps)
 
 
-def build_commands(cfg: TpuConfig) -> list[lc.Command]:
+def build_commands(cfg: TpuConfig) -> list[lp.Command]:
     """``pip wheel`` of a checkout; none for an installed copy (`launch.staging`)."""
     return staging.build_commands(cfg.wheel_source, cfg.python, cfg.dist_dir,
                                   cfg.build_isolation)
 
 
-def setup_commands(cfg: TpuConfig, pyproject: Mapping) -> list[lc.Command]:
+def setup_commands(cfg: TpuConfig, pyproject: Mapping) -> list[lp.Command]:
     """The wheel's build (`build_commands`), its copy to every host, the install."""
     wheel = cfg.dist_dir / wheel_name(pyproject)
     return [
@@ -274,7 +225,7 @@ def check_trainer_args(cfg: TpuConfig) -> None:
     from trainer.config import flag_problem
     problem = flag_problem(trainer_command(cfg)[3:], on_tpu=True)
     if problem:
-        raise lc.ConfigError(f"trainer arguments: {problem}")
+        raise le.ConfigError(f"trainer arguments: {problem}")
 
 
 def train_script(cfg: TpuConfig, dead_hosts: Sequence[str] = ()) -> str:
@@ -358,7 +309,7 @@ def _train_worker(cfg: TpuConfig) -> str:
     return "--worker=0" if cfg.multi_host else "--worker=all"
 
 
-def manifest_command(cfg: TpuConfig) -> lc.Command:
+def manifest_command(cfg: TpuConfig) -> lp.Command:
     """Prints the dataset's manifest.json here, with the user's own gcloud
     and credentials (the launcher needs no Cloud Storage library)."""
     cmd = [cfg.gcloud, "storage", "cat", join_path(cfg.data, MANIFEST_FILE)]
@@ -367,7 +318,7 @@ def manifest_command(cfg: TpuConfig) -> lc.Command:
     return cmd
 
 
-def train_commands(cfg: TpuConfig, dead_hosts: Sequence[str] = ()) -> list[lc.Command]:
+def train_commands(cfg: TpuConfig, dead_hosts: Sequence[str] = ()) -> list[lp.Command]:
     """The manifest read (to compare the train files with the slice's
     hosts), then the start of the trainer."""
     return [manifest_command(cfg),
@@ -375,28 +326,28 @@ def train_commands(cfg: TpuConfig, dead_hosts: Sequence[str] = ()) -> list[lc.Co
                     f"--command={train_script(cfg, dead_hosts)}")]
 
 
-def status_commands(cfg: TpuConfig) -> list[lc.Command]:
+def status_commands(cfg: TpuConfig) -> list[lp.Command]:
     # Every worker: hosts that run no trainer answer "not started".
     return [_gcloud(cfg, "ssh", cfg.name, "--worker=all",
                     f"--command={status_script()}")]
 
 
-def logs_commands(cfg: TpuConfig) -> list[lc.Command]:
+def logs_commands(cfg: TpuConfig) -> list[lp.Command]:
     return [_gcloud(cfg, "ssh", cfg.name, "--worker=all",
                     f"--command={logs_script(cfg)}")]
 
 
-def delete_commands(cfg: TpuConfig) -> list[lc.Command]:
+def delete_commands(cfg: TpuConfig) -> list[lp.Command]:
     if cfg.queued:  # --force: the node goes with its queued resource
         return [_queued(cfg, "delete", cfg.name, "--force", "--quiet")]
     return [_gcloud(cfg, "delete", cfg.name, "--quiet")]
 
 
-def _queued(cfg: TpuConfig, verb: str, *rest: str) -> lc.Command:
+def _queued(cfg: TpuConfig, verb: str, *rest: str) -> lp.Command:
     return _gcloud(cfg, verb, *rest, group="queued-resources")
 
 
-def queued_create_commands(cfg: TpuConfig) -> list[lc.Command]:
+def queued_create_commands(cfg: TpuConfig) -> list[lp.Command]:
     """A queued resource named as the VM: Cloud TPU creates the VM when
     capacity is free instead of refusing the request."""
     cmd = _queued(cfg, "create", cfg.name, f"--node-id={cfg.name}",
@@ -407,14 +358,14 @@ def queued_create_commands(cfg: TpuConfig) -> list[lc.Command]:
     return [cmd]
 
 
-def describe_command(cfg: TpuConfig) -> lc.Command:
+def describe_command(cfg: TpuConfig) -> lp.Command:
     """Prints the VM as JSON: its ``state`` (READY, CREATING, PREEMPTED,
     ...) and ``labels``; exits 1 with NOT_FOUND when there is no VM of
     that name."""
     return _gcloud(cfg, "describe", cfg.name, "--format=json")
 
 
-def describe_commands(cfg: TpuConfig) -> list[lc.Command]:
+def describe_commands(cfg: TpuConfig) -> list[lp.Command]:
     """What ``run`` asks before each decision: the queued resource's state
     and, once it is ACTIVE, its VM's; else the VM's."""
     if cfg.queued:
@@ -422,14 +373,14 @@ def describe_commands(cfg: TpuConfig) -> list[lc.Command]:
     return [describe_command(cfg)]
 
 
-def queued_describe_command(cfg: TpuConfig) -> lc.Command:
+def queued_describe_command(cfg: TpuConfig) -> lp.Command:
     """Prints the queued resource as JSON: its ``state.state`` (ACCEPTED,
     PROVISIONING, ACTIVE, SUSPENDED, FAILED, ...) and, under
     ``tpu.nodeSpec[].node.labels``, the labels its VM is made with."""
     return _queued(cfg, "describe", cfg.name, "--format=json")
 
 
-def fetch_log_command(cfg: TpuConfig, dest: Path) -> lc.Command:
+def fetch_log_command(cfg: TpuConfig, dest: Path) -> lp.Command:
     """Copies the trainer host's log here (worker 0: the one that trains)."""
     return _gcloud(cfg, "scp", f"{cfg.name}:{REMOTE_DIR}/train.log", str(dest),
                    "--worker=0")
@@ -441,7 +392,7 @@ REACHES_VM = ("setup", "train", "wait", "status", "logs", "delete")
 
 
 def phases(step: str, cfg: TpuConfig,
-           pyproject: Mapping) -> list[tuple[str, list[lc.Command]]]:
+           pyproject: Mapping) -> list[tuple[str, list[lp.Command]]]:
     """The steps ``step`` runs, in order, each with its commands.
 
     The one source of what runs: ``execute`` runs these commands and
@@ -461,7 +412,7 @@ def phases(step: str, cfg: TpuConfig,
     if step == "all":
         names = ["create", "setup", "train", "wait"] + (
             ["delete"] if cfg.delete_after else [])
-    elif step == "run":  # without a preemption; launch/spot/runner.py has the loop
+    elif step == "run":  # without a preemption; launch/tpu/spot/runner.py has the loop
         names = ["describe", "create", "setup", "train", "wait", "delete", "describe"]
     if step != "run":  # each step that reaches the VM checks its mark first
         names = [n for name in names
@@ -469,74 +420,8 @@ def phases(step: str, cfg: TpuConfig,
     return [(name, builders[name]()) for name in names]
 
 
-def plan(step: str, cfg: TpuConfig, pyproject: Mapping) -> list[lc.Command]:
+def plan(step: str, cfg: TpuConfig, pyproject: Mapping) -> list[lp.Command]:
     """Every command ``step`` runs, in order (``wait`` repeats its one)."""
     return [cmd for _, cmds in phases(step, cfg, pyproject) for cmd in cmds]
 
 
-# The trainer's exit status after a clean stop on a signal (trainer/run/preemption.py:
-# 128 + the signal number): a checkpoint of that step is saved.
-STOPPED_BY_SIGNAL = {console.stopped_by(s): signal.Signals(s).name
-                     for s in console.STOP_SIGNALS}
-
-
-def exit_note(code: int) -> str:
-    """What a trainer exit status means for the next step, "" if nothing to add."""
-    signal_name = STOPPED_BY_SIGNAL.get(code)
-    if signal_name is None:
-        return ""
-    return (f" (stopped by {signal_name}: preempted or interrupted, after saving a "
-            "checkpoint; rerun the train step to resume)")
-
-
-def parse_status(output: str) -> list[tuple[str, int | None]]:
-    """``(state, exit status)`` per host from the status script's output.
-
-    state: ``running``, ``exited``, ``stopped`` or ``not started``.
-    """
-    found = []
-    for match in _STATUS_RE.finditer(output):
-        state = match["state"]
-        if state.startswith("exited"):
-            found.append(("exited", int(match["code"])))
-        else:
-            found.append((state, None))
-    return found
-
-
-def summarize_status(states: Sequence[tuple[str, int | None]]
-                     ) -> tuple[str, int]:
-    """One state for the slice, and the exit code it maps to.
-
-    Running anywhere means running (0). Otherwise the trainer's status: the
-    first non-zero one among hosts that ran it, 1 if one stopped without a
-    status, 1 when no host started a trainer at all.
-    """
-    if any(state == "running" for state, _ in states):
-        return "running", 0
-    ran = [(s, c) for s, c in states if s != "not started"]
-    if not ran:
-        return "not started", 1
-    if any(state == "stopped" for state, _ in ran):
-        return "stopped", 1
-    codes = [c for _, c in ran if c]
-    return "exited", codes[0] if codes else 0
-
-
-@dataclasses.dataclass(frozen=True)
-class Progress:
-    """The trainer's progress on one host, as its status line reports it."""
-    host: str
-    step: int | None = None
-    total: int | None = None
-    resumed: int | None = None
-
-
-def parse_progress(output: str) -> list[Progress]:
-    """`Progress` per host from the status script's output."""
-    found = []
-    for match in _PROGRESS_RE.finditer(output):
-        step, total, resumed = (int(match[k]) if match[k] else None
-                                for k in ("step", "total", "resumed"))
-        found.append(Progress(match["host"], step, total, resumed))
-    return found

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import re
 
-from launch.common import ConfigError
+from launch.errors import ConfigError
 
 # Accelerator family -> plain OS image for the TPU VM (JAX/PyTorch images in
 # Google's runtime table; TensorFlow is installed on top with pip).

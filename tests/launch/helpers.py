@@ -19,10 +19,12 @@ import sys
 import time
 from pathlib import Path
 
-from launch import common as lc
+from launch import wheel as lw
 from launch.tpu import cli as lt
 from launch.tpu import cloud as tpu_cloud
 from launch.tpu import commands as tc
+from launch.tpu.config import TpuConfig
+from launch.tpu import states as ts
 from tests.helpers import REPO
 
 SCRIPTS = REPO / "scripts"
@@ -78,9 +80,9 @@ def fake_gcloud_env(tmp_path: Path, cloud_root: Path, **extra: str) -> dict[str,
 
 def as_planned(text: str) -> str:
     """``text`` with the wheel build's staging folder (named by mkdtemp when
-    the build runs) as ``--dry_run`` prints it (`lc.STAGING_PLACEHOLDER`)."""
-    return re.sub(rf"/{lc.STAGING_PREFIX}[a-z0-9_]{{8}}(?=[\s']|$)",
-                  f"/{lc.STAGING_PLACEHOLDER}", text, flags=re.MULTILINE)
+    the build runs) as ``--dry_run`` prints it (`lw.STAGING_PLACEHOLDER`)."""
+    return re.sub(rf"/{lw.STAGING_PREFIX}[a-z0-9_]{{8}}(?=[\s']|$)",
+                  f"/{lw.STAGING_PLACEHOLDER}", text, flags=re.MULTILINE)
 
 
 def fake_program(path: Path, body: str) -> Path:
@@ -131,7 +133,7 @@ class FakeHost:
         self.now += seconds
 
 
-def described(cfg: tc.TpuConfig, state: str = "READY") -> str:
+def described(cfg: TpuConfig, state: str = "READY") -> str:
     """``describe --format=json``'s answer for ``cfg``'s VM, marked as its."""
     return json.dumps({"name": cfg.name, "state": state,
                        "labels": {tc.MARK_KEY: cfg.run_id}})
@@ -188,7 +190,7 @@ def run_remote(script: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 def remote_state(env: dict[str, str]) -> tuple[str, int | None]:
     proc = run_remote(tc.status_script(), env)
     assert proc.returncode == 0, proc.stderr
-    [state] = tc.parse_status(proc.stdout)
+    [state] = ts.parse_status(proc.stdout)
     return state
 
 

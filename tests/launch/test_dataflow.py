@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from launch import common as lc
+from launch import wheel as lw
 from launch import dataflow as ld
 from tests.helpers import REPO
 from tests.launch.helpers import (PYPROJECT, WHEEL, clean_env, fake_program, flag_values,
@@ -104,7 +104,7 @@ def test_beam_reads_the_dataflow_flags_and_stages_the_wheel(tmp_path):
         "--max_num_workers=3", "--machine_type=n2-standard-4",
         "--experiments=use_runner_v2", "--no_build_isolation",
         dist_dir=tmp_path / "dist")
-    wheel = lc.build_wheel(cfg.python, cfg.dist_dir, False, PYPROJECT)
+    wheel = lw.build_wheel(cfg.python, cfg.dist_dir, False, PYPROJECT)
     ld.requirements_path(cfg).write_text(
         "\n".join(ld.worker_requirements(PYPROJECT)) + "\n")
 
@@ -132,7 +132,7 @@ def test_beam_reads_the_dataflow_flags_and_stages_the_wheel(tmp_path):
 
 
 def test_project_wheel_carries_both_packages_and_their_dependencies(tmp_path):
-    wheel = lc.build_wheel(sys.executable, tmp_path, False, PYPROJECT)
+    wheel = lw.build_wheel(sys.executable, tmp_path, False, PYPROJECT)
     assert wheel.name == WHEEL
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
@@ -145,8 +145,8 @@ def test_project_wheel_carries_both_packages_and_their_dependencies(tmp_path):
     requires = [line.split(":", 1)[1] for line in
                 metadata.decode().splitlines()
                 if line.startswith("Requires-Dist:") and "extra ==" not in line]
-    assert sorted(map(lc.requirement_name, requires)) == sorted(
-        map(lc.requirement_name, PYPROJECT["project"]["dependencies"]))
+    assert sorted(map(lw.requirement_name, requires)) == sorted(
+        map(lw.requirement_name, PYPROJECT["project"]["dependencies"]))
 
 
 def test_wheel_is_built_from_a_clean_copy(tmp_path):
@@ -162,8 +162,8 @@ def test_wheel_is_built_from_a_clean_copy(tmp_path):
         'build-backend = "setuptools.build_meta"\n'
         '[project]\nname = "demo-pkg"\nversion = "1.2"\n'
         '[tool.setuptools]\npackages = ["pkg"]\n')
-    pyproject = lc.load_pyproject(repo / "pyproject.toml")
-    wheel = lc.build_wheel(sys.executable, tmp_path / "dist", False,
+    pyproject = lw.load_pyproject(repo / "pyproject.toml")
+    wheel = lw.build_wheel(sys.executable, tmp_path / "dist", False,
                            pyproject, repo_root=repo)
     assert wheel.name == "demo_pkg-1.2-py3-none-any.whl"
     with zipfile.ZipFile(wheel) as zf:
@@ -180,7 +180,7 @@ def test_dist_dir_keeps_what_the_launcher_did_not_make(tmp_path):
     (dist / "src" / "myproject").mkdir(parents=True)
     (dist / "src" / "myproject" / "main.c").write_text("int main;\n")
     (dist / "notes.txt").write_text("mine\n")
-    wheel = lc.build_wheel(sys.executable, dist, False, PYPROJECT)
+    wheel = lw.build_wheel(sys.executable, dist, False, PYPROJECT)
     assert (dist / "src" / "myproject" / "main.c").read_text() == "int main;\n"
     assert sorted(p.name for p in dist.iterdir()) == sorted(["src", "notes.txt", wheel.name])
 

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from launch import common as lc
+from launch import errors as le
+from launch import wheel as lw
 from launch.tpu import commands as tc
 from tests.helpers import REPO
 from tests.launch.helpers import (PYPROJECT, RUN_ID, TPU_ARGS, WHEEL, clean_env, fake_program,
@@ -93,8 +94,8 @@ def test_source_dir_builds_that_checkout(tmp_path):
     assert scp[5] == str(tmp_path / "d" / "mnist_tpu-9.9-py3-none-any.whl")
     assert cfg.wheel_source.line(pyproject) == (
         f"staging: mnist-tpu 9.9, a wheel built from the checkout {checkout.resolve()}")
-    with pytest.raises(lc.RunFailure, match="package folder .*co/launch is missing"):
-        lc.build_wheel(sys.executable, tmp_path / "d", False, pyproject, checkout)
+    with pytest.raises(le.RunFailure, match="package folder .*co/launch is missing"):
+        lw.build_wheel(sys.executable, tmp_path / "d", False, pyproject, checkout)
     assert not (checkout / "launch").exists() and list((tmp_path / "d").iterdir()) == []
 
 
@@ -115,7 +116,7 @@ def installed(tmp_path_factory):
     installed with --no-deps into a new venv outside the checkout: the
     launchers need only the standard library and the project's own packages."""
     tmp = tmp_path_factory.mktemp("installed")
-    wheel = lc.build_wheel(sys.executable, tmp / "wheelhouse", False, PYPROJECT)
+    wheel = lw.build_wheel(sys.executable, tmp / "wheelhouse", False, PYPROJECT)
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
                    timeout=300)

@@ -54,6 +54,7 @@ it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from typing import Any, Callable, Optional, Sequence
@@ -66,7 +67,6 @@ import mnist_contract as contract
 from mnist_contract import examples
 from trainer.data import checks, in_memory
 from trainer.data.splits import SplitFiles
-from trainer.run.plan import InputSettings
 from trainer.errors import summarize_error
 
 log = logging.getLogger(__name__)
@@ -81,6 +81,18 @@ MAX_PARALLEL_FILES = 16
 # moved records one by one, ~0.8-1x with blocks of 256.
 RECORDS_PER_READ = 256
 DECODE_BLOCK = 4096  # records per parse when a share is decoded into memory
+
+
+@dataclasses.dataclass(frozen=True)
+class InputSettings:
+    """What the input pipelines read with: the flags of that name
+    (`trainer.run.plan.settings_of`)."""
+
+    global_batch_size: int
+    cache: bool
+    seed: Optional[int]
+    shuffle_buffer: int
+    verify_checksums: bool
 
 
 def shards_files(num_files: int, num_pipelines: int) -> bool:

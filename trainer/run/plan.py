@@ -4,14 +4,14 @@
 replicas, XLA if asked for, and the run's length against ``--profile_steps``,
 and computes each derived value once, into a `Plan`; the parts of the
 trainer take the few values they use from it. `ModelSpec`, `StepSettings`
-and `InputSettings` are the flags the model, the custom loop's train step
-and the input pipelines are built from (`settings_of`).
+and `trainer.data.input_pipeline.InputSettings` are the flags the model, the
+custom loop's train step and the input pipelines are built from
+(`settings_of`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 import tensorflow as tf
 
@@ -82,17 +82,6 @@ class StepSettings:
     steps_per_execution: int
     label_smoothing: float
     jit_compile: bool
-
-
-@dataclasses.dataclass(frozen=True)
-class InputSettings:
-    """What the input pipelines read with (`trainer.data.input_pipeline`)."""
-
-    global_batch_size: int
-    cache: bool
-    seed: Optional[int]
-    shuffle_buffer: int
-    verify_checksums: bool
 
 
 def settings_of(cls: type, config: TrainConfig):

@@ -23,11 +23,12 @@ import mnist_contract as contract
 from trainer import strategy as strategy_lib
 from trainer.config import TrainConfig
 from trainer.data import checks
+from trainer.data.input_pipeline import InputSettings
 from trainer.data.splits import SplitFiles, read_manifest, split_files
 from trainer.errors import TrainerInputError
 from trainer.run import outputs
 from trainer.run.dataset_pin import DatasetPin
-from trainer.run.plan import InputSettings, ModelSpec, Plan, plan_run, settings_of
+from trainer.run.plan import ModelSpec, Plan, plan_run, settings_of
 
 log = logging.getLogger(__name__)
 

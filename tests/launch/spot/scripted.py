@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from launch.spot import decide as sd
-from launch.spot import events as spot_events
-from launch.spot import journal as spot_journal
-from launch.spot import runner as spot_runner
-from launch.tpu import commands as tc
+from launch.tpu.spot import decide as sd
+from launch.tpu.spot import events as spot_events
+from launch.tpu.spot import journal as spot_journal
+from launch.tpu.spot import runner as spot_runner
+from launch.tpu import states as ts
 from tests.helpers import with_defaults
 from tests.launch.helpers import tpu_plan
 
@@ -88,7 +88,7 @@ def loop(cloud, tmp_path, *flags, events=None, sleeps=None, out=None):
 
 
 def progress(state, code=None, step=None, host="h1", resumed=None, total=66):
-    return sd.Trainer(state, code), [tc.Progress(host, step, total, resumed)]
+    return sd.Trainer(state, code), [ts.Progress(host, step, total, resumed)]
 
 
 def kinds(out: str) -> list[str]:

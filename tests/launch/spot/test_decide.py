@@ -15,9 +15,10 @@ import time
 import pytest
 
 from launch.tpu import cloud as tpu_cloud
-from launch.spot import decide as sd
-from launch.spot import journal as spot_journal
+from launch.tpu.spot import decide as sd
+from launch.tpu.spot import journal as spot_journal
 from launch.tpu import commands as tc
+from launch.tpu import states as ts
 from mnist_common import storage_lock
 from tests.launch.helpers import TPU_ARGS, host_env, run_script, tpu_plan, wait_remote_exit
 from tests.launch.spot.scripted import ScriptedCloud, loop, progress
@@ -151,9 +152,9 @@ def test_the_status_line_reports_the_trainers_progress(tmp_path):
     (home / "mnist-tpu" / "train.exit").write_text("143\n")
     out = subprocess.run(["bash", "-c", tc.status_script()], env={"HOME": str(home),
                          "PATH": "/usr/bin:/bin"}, capture_output=True, text=True).stdout
-    [found] = tc.parse_progress(out)
+    [found] = ts.parse_progress(out)
     assert (found.step, found.total, found.resumed) == (42, 66, 30)
-    assert tc.summarize_status(tc.parse_status(out)) == ("exited", 143)
+    assert ts.summarize_status(ts.parse_status(out)) == ("exited", 143)
 
 
 def test_the_train_script_records_143_when_every_process_gets_sigterm(tmp_path):

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from launch.spot import journal as spot_journal
+from launch.tpu.spot import journal as spot_journal
 from tests.helpers import read_only
 from tests.launch.fake_cloud import FakeCloud
 from tests.launch.helpers import RUN_ID, TPU_ARGS, run_script, fake_gcloud_env

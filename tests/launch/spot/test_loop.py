@@ -12,10 +12,10 @@ import signal
 
 import pytest
 
-from launch import common as lc
-from launch.spot import decide as sd
-from launch.spot import events as spot_events
-from launch.spot import runner as spot_runner
+from launch import wheel as lw
+from launch.tpu.spot import decide as sd
+from launch.tpu.spot import events as spot_events
+from launch.tpu.spot import runner as spot_runner
 from tests.launch.helpers import tpu_plan
 from tests.launch.spot.scripted import ScriptedCloud, kinds, loop, progress
 
@@ -179,7 +179,7 @@ def test_a_wheel_that_does_not_build_costs_no_vm(tmp_path):
     class Cloud(ScriptedCloud):
         def build_wheel(self):
             super().build_wheel()
-            lc.check_wheel_build(1, tmp_path / "no.whl")
+            lw.check_wheel_build(1, tmp_path / "no.whl")
     cloud = Cloud(["GONE", "READY"], [progress("not started")])
     code, out = loop(cloud, tmp_path)
     assert code == 1 and "create" not in cloud.calls  # a run-time failure

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from launch.spot import events as spot_events
+from launch.tpu.spot import events as spot_events
 from launch.tpu import commands as tc
 from tests.launch.fake_cloud import FakeCloud
 from tests.launch.helpers import run_script, fake_gcloud_env

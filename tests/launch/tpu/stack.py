@@ -3,7 +3,7 @@
 `build` runs ``tpu_vm_commands.install_script`` (the text ``setup`` sends to
 every host over ssh) in bash on this machine, against a home folder of its
 own: ``HOME`` points there, so the script's ``cd ~`` finds the project wheel
-(built by ``launch_common.build_wheel``, as ``setup`` builds it) and its
+(built by ``launch.wheel.build_wheel``, as ``setup`` builds it) and its
 ``pip install --user`` fills ``HOME/.local``. The interpreter is the
 system's ``python3``, as on a host; Debian marks it externally managed (PEP
 668), which the hosts' Ubuntu 22.04 images do not, so
@@ -29,8 +29,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from launch import common as lc
+from launch import wheel as lw
 from launch.tpu import commands as tc
+from launch.tpu.config import TpuConfig
 
 USER_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
 CACHE = USER_CACHE / "mnist-tpu"
@@ -98,7 +99,7 @@ def home_for(script: str, python: str) -> Path:
     Homes of other scripts unused for `STALE_DAYS` are removed (several
     checkouts of the project may share the cache, each with its own script).
     """
-    wheel = tc.wheel_name(lc.load_pyproject())
+    wheel = tc.wheel_name(lw.load_pyproject())
     version = subprocess.run([python, "-c", "import sys; print(sys.version)"],
                              capture_output=True, text=True).stdout
     key = hashlib.sha256((script.replace(wheel, "") + version).encode()).hexdigest()[:16]
@@ -125,10 +126,10 @@ def install_test_deps(env: dict[str, str], home: Path) -> None:
     Everything the install script put in the user base is a constraint, so
     mlxtend's dependencies cannot move numpy or anything TensorFlow chose.
     """
-    pyproject = lc.load_pyproject()
-    pins = {lc.requirement_name(r): r
+    pyproject = lw.load_pyproject()
+    pins = {lw.requirement_name(r): r
             for extra in ("pipeline", "test")
-            for r in lc.extra_requirements(pyproject, extra)}
+            for r in lw.extra_requirements(pyproject, extra)}
     frozen = run(["python3", "-m", "pip", "list", "--user", "--format=freeze"],
                  env, home, 120)
     assert frozen.returncode == 0, frozen.stderr
@@ -147,12 +148,12 @@ def build(dist_dir: Path) -> Stack:
     failing install is an assertion error with its output.
     """
     python = system_python()
-    pyproject = lc.load_pyproject()
-    cfg = tc.TpuConfig(name="stack", zone="here", dist_dir=dist_dir)
+    pyproject = lw.load_pyproject()
+    cfg = TpuConfig(name="stack", zone="here", dist_dir=dist_dir)
     script = tc.install_script(cfg, pyproject)
     home = home_for(script, python)
     env = host_env(home, python)
-    wheel = lc.build_wheel(cfg.python, dist_dir, cfg.build_isolation, pyproject)
+    wheel = lw.build_wheel(cfg.python, dist_dir, cfg.build_isolation, pyproject)
     # One install at a time per home: concurrent test runs share the cache.
     with open(home / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

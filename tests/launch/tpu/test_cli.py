@@ -23,10 +23,12 @@ from pathlib import Path
 import pytest
 
 import mnist_contract as contract
-from launch import common as lc
+from launch import errors as le
+from launch import wheel as lw
 from launch.tpu import cli as lt
 from launch.tpu import cloud as tpu_cloud
 from launch.tpu import commands as tc
+from launch.tpu import states as ts
 from mnist_common import console
 from tests.helpers import REPO
 from tests.launch.helpers import (PYPROJECT, RUN_ID, RUNNING, TPU_ARGS, WHEEL, FakeHost, as_planned,
@@ -121,7 +123,7 @@ case "$*" in *"print(tf.__version__)"*) echo 2.20.0 ;; esac
     assert pip[0] == "-m pip install --user tensorflow-tpu==2.20.0 libtpu==0.0.17"
     # The trainer's GCS client with its dependencies, in the trainer extra's
     # range (the project wheel below brings no dependencies).
-    [gcs] = [r for r in lc.extra_requirements(PYPROJECT, "trainer")
+    [gcs] = [r for r in lw.extra_requirements(PYPROJECT, "trainer")
              if r.startswith("google-cloud-storage")]
     assert pip[1] == f"-m pip install --user {gcs}"
     # tf-keras pinned to the installed TensorFlow, and never pulling the
@@ -138,7 +140,7 @@ def test_tpu_install_script_needs_the_gcs_client_in_the_trainer_extra():
     without = {**PYPROJECT, "project": {**PYPROJECT["project"], "optional-dependencies": {
         **extras, "trainer": [r for r in extras["trainer"]
                               if not r.startswith("google-cloud-storage")]}}}
-    with pytest.raises(lc.ConfigError, match="trainer extra must list google-cloud-storage"):
+    with pytest.raises(le.ConfigError, match="trainer extra must list google-cloud-storage"):
         tc.install_script(cfg, without)
 
 
@@ -320,7 +322,7 @@ def test_logs_follow_stops_when_the_trainer_exits(tmp_path):
 ])
 def test_status_summary(lines, expected):
     output = "Using ssh batch size of 1.\n" + "\n".join(lines) + "\n"
-    assert tc.summarize_status(tc.parse_status(output)) == expected
+    assert ts.summarize_status(ts.parse_status(output)) == expected
 
 
 def test_wait_polls_until_the_trainer_exits(capsys):

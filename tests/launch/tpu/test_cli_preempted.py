@@ -6,7 +6,8 @@ import signal
 
 import pytest
 
-from tests.launch.helpers import RUNNING, FakeHost, status_line, tc, wait_with
+from launch.tpu import states as ts
+from tests.launch.helpers import RUNNING, FakeHost, status_line, wait_with
 from trainer.run import preemption
 
 
@@ -20,9 +21,9 @@ def test_wait_says_a_stopped_trainer_resumes_on_a_rerun(capsys, code, name):
 
 
 def test_other_statuses_get_no_note():
-    assert tc.exit_note(1) == tc.exit_note(0) == ""
+    assert ts.exit_note(1) == ts.exit_note(0) == ""
 
 
 def test_the_launcher_knows_the_trainers_statuses():
-    assert tc.STOPPED_BY_SIGNAL == {status: signal.Signals(signum).name
+    assert ts.STOPPED_BY_SIGNAL == {status: signal.Signals(signum).name
                                     for signum, status in preemption.EXIT_STATUS.items()}

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from launch.tpu.config import DEFAULT_LIBTPU, DEFAULT_TENSORFLOW, TpuConfig
 from tests.launch.tpu import stack as tpu_vm_stack
 from tests.helpers import REPO
 from tests.launch.helpers import PYPROJECT, fake_program
@@ -66,7 +67,7 @@ STACK_TESTS = ["tests/trainer/test_trainer_distributed.py",
 # ------------------------------------------- the install check, stand-in
 
 def check_with_stand_in(tmp_path: Path, import_stderr: str, code: int,
-                        cfg: tc.TpuConfig | None = None) -> subprocess.CompletedProcess:
+                        cfg: TpuConfig | None = None) -> subprocess.CompletedProcess:
     """The install script against a ``python3`` whose TensorFlow import fails.
 
     Exit status 134 is a death by SIGABRT, as TensorFlow's fatal log ends.
@@ -83,7 +84,7 @@ case "$*" in
   *"pip show libtpu"*) printf "Name: libtpu\\nVersion: 0.0.32\\n" ;;
 esac
 """)
-    cfg = cfg or tc.TpuConfig(name="n", zone="z")
+    cfg = cfg or TpuConfig(name="n", zone="z")
     env = dict(os.environ, HOME=str(tmp_path),
                PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     return subprocess.run(["bash", "-c", tc.install_script(cfg, PYPROJECT)], env=env,
@@ -103,7 +104,7 @@ def test_a_libtpu_that_aborts_tensorflow_is_one_line(tmp_path):
 
 
 def test_another_tensorflow_gets_no_pin_to_pass(tmp_path):
-    cfg = tc.TpuConfig(name="n", zone="z", tensorflow="tensorflow-tpu==2.19.0")
+    cfg = TpuConfig(name="n", zone="z", tensorflow="tensorflow-tpu==2.19.0")
     proc = check_with_stand_in(tmp_path, ABORT, 134, cfg)
     [line] = proc.stderr.splitlines()
     assert line.endswith("; pass --libtpu=libtpu==X with a libtpu that matches it")
@@ -120,8 +121,8 @@ def test_any_other_import_failure_is_its_last_line(tmp_path):
 
 
 def test_the_tpu_extra_pins_what_the_hosts_install():
-    assert tpu_vm_stack.lc.extra_requirements(PYPROJECT, "tpu") == [
-        tc.DEFAULT_TENSORFLOW, tc.DEFAULT_LIBTPU]
+    assert tpu_vm_stack.lw.extra_requirements(PYPROJECT, "tpu") == [
+        DEFAULT_TENSORFLOW, DEFAULT_LIBTPU]
 
 
 def test_the_jit_compile_check_passes_where_xla_runs_on_the_cpu():
@@ -165,7 +166,7 @@ def test_tensorflow_imports_with_the_pinned_libtpu(stack, tmp_path):
     found = json.loads(proc.stdout.splitlines()[-1])
     assert found["tensorflow"] == "2.20.0"
     assert re.fullmatch(r"2\.20\.\d+", found["tf_keras"])
-    assert "libtpu==" + found["libtpu"] == tc.DEFAULT_LIBTPU
+    assert "libtpu==" + found["libtpu"] == DEFAULT_LIBTPU
     # libtpu was loaded: it registers the TPU system device (no TPU cores here).
     assert "TPU_SYSTEM" in found["devices"]
 

@@ -25,8 +25,9 @@ import sys
 from pathlib import Path
 
 from launch.tpu import commands as tc
+from launch.tpu.config import TpuConfig
 from mnist_common import console
-from launch.spot.events import Standing, replay
+from launch.tpu.spot.events import Standing, replay
 
 # The fields `spot_events.Standing.apply` reads, and what each may hold.
 COUNTS = {"step": 0, "total": 1, "recovery": 1}
@@ -42,7 +43,7 @@ class JournalError(Exception):
         self.code = code
 
 
-def identity(cfg: tc.TpuConfig) -> dict:
+def identity(cfg: TpuConfig) -> dict:
     """What makes a run the same run for its journal; its run id (the mark
     on its VM) once known."""
     run = {"name": cfg.name, "zone": cfg.zone, "project": cfg.project,

@@ -6,6 +6,7 @@ value the trainer refuses (``--epochs=0``) costs nothing. The answer is the
 trainer's own parser's (`trainer.config.flag_problem`: argparse, then every
 check of `trainer.config.TrainConfig`), which loads no TensorFlow;
 ``--preset=auto`` is settled as a machine without a TPU, as the demo is.
+`benchmarks.time_to_accuracy` asks it about its ``--trainer_flags``.
 """
 
 from __future__ import annotations

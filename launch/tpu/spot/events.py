@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Callable, Iterable, Protocol, TextIO
 
-from launch.spot import decide as sd
+from launch.tpu.spot import decide as sd
 
 # Control characters as escapes: an event is one line whatever it names.
 ONE_LINE = {c: repr(chr(c))[1:-1] for c in (*range(32), 127)}

@@ -35,13 +35,15 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
-from launch import common as lc
+from launch import errors as le
 from mnist_common import console
-from launch.spot import decide as sd
+from launch.tpu.spot import decide as sd
 from launch.tpu import commands as tc
+from launch.tpu.config import TpuConfig
+from launch.tpu import states as ts
 from launch.tpu.cloud import Cloud, NotThisRun, create_failure, last_line
-from launch.spot.events import Events, Standing
-from launch.spot.journal import Journal, JournalError, identity
+from launch.tpu.spot.events import Events, Standing
+from launch.tpu.spot.journal import Journal, JournalError, identity
 
 
 class Interrupted(Exception):
@@ -60,7 +62,7 @@ class RunError(Exception):
         self.code = code
 
 
-def trainer_cadence(cfg: tc.TpuConfig) -> tuple[int, int, int, bool] | None:
+def trainer_cadence(cfg: TpuConfig) -> tuple[int, int, int, bool] | None:
     """The trainer's epochs, ``--checkpoint_every``, steps per call and
     whether it runs the Keras loop, from its own flags (None: unreadable)."""
     from trainer.config import flag_problem, parse_flags
@@ -76,7 +78,7 @@ class RunCounts:
     """A run's state and counts (`RunEnds` adds how it removes its VM and
     ends, `RunObserves` what it sees, `SpotRun` how it goes)."""
 
-    def __init__(self, cfg: tc.TpuConfig, cloud: Cloud, events: Events,
+    def __init__(self, cfg: TpuConfig, cloud: Cloud, events: Events,
                  standing: Standing, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep):
         self.cfg, self.cloud, self.events, self.s = cfg, cloud, events, standing
@@ -279,7 +281,7 @@ class RunObserves(RunEnds):
             self._note_progress(progress)
         return vm, trainer
 
-    def _note_progress(self, progress: list[tc.Progress]) -> None:
+    def _note_progress(self, progress: list[ts.Progress]) -> None:
         """A ``training`` event when the step moved, ``resumed`` once the
         trainer of a recovery says where it resumed."""
         hosts = sorted({p.host for p in progress})
@@ -320,10 +322,10 @@ class SpotRun(RunObserves):
             except NotThisRun:  # left as it is: `run_spot` says so
                 self.ending = True
                 raise
-            except lc.LaunchError as exc:  # the wheel did not build
+            except le.LaunchError as exc:  # the wheel did not build
                 return self._end(sd.Decision(sd.FAIL, exc.code, str(exc)), sd.UNKNOWN,
                                  sd.Trainer(sd.UNASKED))
-            except (Interrupted, lc.Stopped) as exc:  # lc.Stopped: during a command
+            except (Interrupted, le.Stopped) as exc:  # le.Stopped: during a command
                 return self._interrupted(exc.signum)
             except KeyboardInterrupt:
                 return self._interrupted(signal.SIGINT)
@@ -472,7 +474,7 @@ class SpotRun(RunObserves):
             self.events.emit("training", f"{self.cfg.name}: trainer started")
 
 
-def run_spot(cfg: tc.TpuConfig, make_cloud: Callable[[tc.TpuConfig], Cloud],
+def run_spot(cfg: TpuConfig, make_cloud: Callable[[TpuConfig], Cloud],
              prepare: Callable[[Cloud], None] = lambda cloud: None,
              check: Callable[[], None] = lambda: None) -> int:
     """``run`` with real gcloud calls. The ``--events`` journal is read,
@@ -480,7 +482,7 @@ def run_spot(cfg: tc.TpuConfig, make_cloud: Callable[[tc.TpuConfig], Cloud],
     launcher holds, ends the launcher in one line with nothing done); a
     killed launcher's run is taken up from it, with its run id (the mark
     on its VM): else ``--run_id``, else a new one. ``check`` comes next
-    (the gcloud version: its `lc.LaunchError` ends the launcher with
+    (the gcloud version: its `le.LaunchError` ends the launcher with
     nothing done). A VM of the name that is not this run's (`NotThisRun`)
     ends the launcher in one line, the VM left as it is."""
     journal, standing = None, Standing()
@@ -488,7 +490,7 @@ def run_spot(cfg: tc.TpuConfig, make_cloud: Callable[[tc.TpuConfig], Cloud],
         try:
             journal, standing = Journal.open(cfg.events, identity(cfg))
         except JournalError as exc:
-            return lc.fail(str(exc), exc.code)
+            return le.fail(str(exc), exc.code)
     run_id = (standing.run or {}).get("run_id") or cfg.run_id or tc.new_run_id()
     cloud = make_cloud(dataclasses.replace(cfg, run_id=run_id))
     try:
@@ -496,7 +498,7 @@ def run_spot(cfg: tc.TpuConfig, make_cloud: Callable[[tc.TpuConfig], Cloud],
         return SpotRun(cloud.cfg, cloud, Events(journal), standing).run(
             lambda: prepare(cloud))
     except NotThisRun as exc:
-        return lc.fail(str(exc), exc.code)
+        return le.fail(str(exc), exc.code)
     finally:
         if journal is not None:
             journal.close()

@@ -3,7 +3,7 @@
 `decide` is the whole policy of a spot run, a pure function of the VM's
 state (``gcloud ... describe``), the trainer's state on it (the status
 script over ssh) and the run's counts, so every ending is tested without a
-cloud. `launch/spot/runner.py` observes, asks `decide`, acts, and asks
+cloud. `launch/tpu/spot/runner.py` observes, asks `decide`, acts, and asks
 again: an action is never assumed to have worked, the next observation
 says whether it did.
 """
@@ -31,7 +31,7 @@ QUEUED_WAITING = frozenset({"CREATING", "ACCEPTED", "WAITING_FOR_RESOURCES",
                             "PROVISIONING"})
 QUEUED_ACTIVE = "ACTIVE"
 
-# Trainer states (launch.tpu.commands.summarize_status), plus two of our own.
+# Trainer states (launch.tpu.states.summarize_status), plus two of our own.
 UNREACHABLE = "unreachable"  # the status check over ssh failed
 UNASKED = "unasked"          # not asked: the VM is not READY
 
@@ -47,7 +47,7 @@ ENDINGS = frozenset({FINISH, FAIL, GIVE_UP, LOST, TIMEOUT})
 
 @dataclasses.dataclass(frozen=True)
 class Trainer:
-    """The trainer on the VM: a `launch.tpu.commands.summarize_status` state
+    """The trainer on the VM: a `launch.tpu.states.summarize_status` state
     (or `UNREACHABLE`, `UNASKED`) and its exit status once it exited."""
     state: str
     code: int | None = None
