@@ -17,6 +17,7 @@ effect on a run.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from mnist_common import console

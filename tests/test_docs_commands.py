@@ -13,9 +13,6 @@ from __future__ import annotations
 import importlib
 import re
 import shlex
-from pathlib import Path
-
-import pytest
 
 from tests.helpers import REPO
 from tests.launch.helpers import PYPROJECT, SETTINGS_ENV

@@ -200,8 +200,8 @@ def test_an_installed_launcher_stages_the_wheel_it_was_installed_from(installed,
 @pytest.mark.slow
 def test_a_checkouts_script_says_what_it_stages_beside_an_installed_copy(installed):
     """``python scripts/launch_dataflow.py`` with an interpreter that has a
-    plain copy installed runs that copy (no module edits sys.path) and says
-    so; ``--source_dir`` names the checkout to stage instead."""
+    plain copy installed runs that copy (no module edits the import path)
+    and says so; ``--source_dir`` names the checkout to stage instead."""
     tmp, venv, _, site, env = installed
     script = [str(venv / "bin" / "python"), str(REPO / "scripts" / "launch_dataflow.py"),
               *DF_ARGS, "--dry_run"]
