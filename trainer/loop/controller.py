@@ -192,6 +192,7 @@ class Controller:
             return
         if self.checkpoints.saved_step != self.step:
             self._save()
+        self.checkpoints.wait_for_peers()  # no worker leaves a peer mid-collective
         raise Stopped.saved(*request, f"{self.step}/{self.total_steps}",
                             self.checkpoints.path(self.step, self.checkpoints.restore_dir))
 

@@ -112,21 +112,25 @@ class RunCheckpoints:
             return
         total, squares = self.share([step, step ** 2])
         if self.replicas * squares != total ** 2:
-            self._wait_for_peers()
+            self.wait_for_peers()
             raise TrainerError(
                 f"{self.restore_dir}: the workers would resume at different steps (this one "
                 f"at {step}); every worker must read the chief's "
                 "--model_dir (shared storage, such as gs://)")
 
-    def _wait_for_peers(self) -> None:
-        """A second all-reduce before this worker leaves on a mismatch.
+    def wait_for_peers(self) -> None:
+        """Multi-worker: one more all-reduce before this worker leaves (a
+        mismatch at the start, a stop on a signal); nothing otherwise.
 
-        It completes only once every worker has finished the first (each
-        gives its part of the second after the first), so no worker loses
-        the first one's sums to a peer that already left ("Socket closed")
-        and each reports the mismatch itself. A peer leaving during the
-        second changes nothing: every worker holds the sums by then.
+        It completes only once every worker has finished the collective
+        before it (each gives its part of this one after that one), so no
+        worker loses that collective's data to a peer that already left
+        ("Socket closed", "Connection reset by peer") and each ends as its
+        own run says. A peer leaving during this one changes nothing: every
+        worker holds what it needs by then.
         """
+        if self.share is None:
+            return
         try:
             self.share([0, 0])
         except (tf.errors.UnavailableError, tf.errors.AbortedError,
