@@ -1,18 +1,7 @@
-"""Run the MNIST -> TFRecord conversion job on Google Cloud Dataflow.
-
-    python scripts/launch_dataflow.py --project=P --region=us-central1 \\
-        --temp_location=gs://BUCKET/tmp --output=gs://BUCKET/mnist [--dry_run]
-
-What it runs, in order:
-
-1. ``python -m pip wheel --no-deps`` on a clean copy of this checkout, giving a
-   pure-Python wheel with the ``pipeline`` and ``trainer`` packages (installed
-   from a wheel, the launcher packs the installed files back into that wheel
-   instead, and ``--source_dir=CHECKOUT`` builds another checkout:
-   `launch.staging`; one line on stderr says which).
-2. ``python -m pipeline --runner=DataflowRunner ... --extra_package=WHEEL
-   --requirements_file=REQS --requirements_cache=skip`` from the repository
-   root.
+"""``mnist-launch-dataflow``: the MNIST -> TFRecord conversion job on Google
+Cloud Dataflow, with this project staged on the workers as a wheel. What it
+runs, its settings and what it stages: docs/launch.md, "Dataflow" and "What
+a launcher stages".
 
 Why a wheel and ``--extra_package`` rather than ``--setup_file``: Beam 2.77
 accepts ``--setup_file=pyproject.toml``, but it then builds an sdist with
@@ -26,25 +15,6 @@ worker then rebuilds the sdist on every VM. A wheel built here needs only pip,
 and the Beam worker boot installs each ``--extra_package`` in two passes
 (``pip install --force-reinstall --no-deps`` then ``pip install``), so the
 wheel's own dependencies (numpy, tensorflow) are resolved on the worker.
-
-The requirements file holds the project's ``pipeline`` extra minus
-apache-beam (the worker image already runs the matching Beam SDK).
-``--requirements_cache=skip`` makes workers install it from PyPI instead of
-having this machine download TensorFlow and upload it to the staging bucket.
-With ``--sdk_container_image`` (an image that already holds the
-dependencies) no requirements file is staged.
-
-Settings come from flags, else from environment variables:
-
-    --project         GOOGLE_CLOUD_PROJECT, CLOUDSDK_CORE_PROJECT
-    --region          DATAFLOW_REGION, CLOUDSDK_COMPUTE_REGION
-    --temp_location   DATAFLOW_TEMP_LOCATION
-    --output          DATAFLOW_OUTPUT
-
-Any argument this script does not know is passed on to ``python -m
-pipeline`` unchanged (e.g. ``--compression=gzip``, ``--image_format=png``).
-``--dry_run`` prints the commands (``cd`` to the repository first) and exits
-0 without running or writing anything.
 """
 
 from __future__ import annotations
@@ -76,6 +46,21 @@ REQUIREMENTS_NAME = "dataflow-requirements.txt"
 _JOB_NAME_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 # Installed on workers by the Beam container itself.
 _PROVIDED_BY_WORKER = {"apache-beam"}
+
+# The end of ``--help``: where the settings come from, what goes to the job.
+SETTINGS_HELP = """\
+Settings come from flags, else from environment variables:
+
+    --project         GOOGLE_CLOUD_PROJECT, CLOUDSDK_CORE_PROJECT
+    --region          DATAFLOW_REGION, CLOUDSDK_COMPUTE_REGION
+    --temp_location   DATAFLOW_TEMP_LOCATION
+    --output          DATAFLOW_OUTPUT
+
+Any argument this script does not know is passed on to ``python -m
+pipeline`` unchanged (e.g. ``--compression=gzip``, ``--image_format=png``).
+``--dry_run`` prints the commands (``cd`` to the repository first) and exits
+0 without running or writing anything.
+"""
 
 
 @dataclasses.dataclass
@@ -114,7 +99,7 @@ def build_parser() -> ls.LauncherParser:
                     "staged on the workers. Unknown arguments go to the "
                     "pipeline.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Settings come from" + __doc__.split("Settings come from", 1)[1])
+        epilog=SETTINGS_HELP)
     parser.add_argument("--project", help="GCP project id")
     parser.add_argument("--region", help="Dataflow region, e.g. us-central1")
     parser.add_argument("--temp_location", help="gs:// folder for temp files")

@@ -2,36 +2,8 @@
 
 Runs the trainer's export (``MODEL_DIR/export``, see `trainer.model.export`)
 through its ``serving_default`` signature, the way a server would: raw
-uint8 pixels in, ``probabilities`` and ``class`` out.
-
-* Image files, PNG or JPEG, of one digit each, of any size and drawn either
-  way round: each is made MNIST's form (`trainer.digit_image`: grayscale,
-  white digit on black, fitted in 20x20 and centred by mass in 28x28), with
-  a line on stderr saying what was done (``note: FILE: 480x640 JPEG:
-  grayscale, inverted ...``); a 28x28 grayscale picture on a dark
-  background is MNIST's form already and is taken as it is. ``--raw`` takes
-  MNIST's exact pixels only: 28x28 grayscale PNGs of at most 8 bits per
-  pixel (colour, alpha and 16-bit PNGs are refused, naming their mode). The
-  size is read from the file's header before decoding. One line per file:
-  ``FILE class=7 probability=0.9991``.
-* ``--data=DIR --split=test [--limit=N]``: the conversion job's output,
-  read by the trainer's own input code (`trainer.data.input_pipeline`: manifest, file
-  checks, decoding) and ``tf.data``, so a ``gs://`` prefix works too. One
-  line per example in the order of the split's files (the job shuffles the
-  examples, so the indexes come in no order): ``index=589 label=5 class=5
-  probability=0.9991``, then ``accuracy=0.9870 (987/1000) on split test``.
-
-As the trainer's, the command prints only its own lines: TensorFlow's C++
-start-up lines are dropped (`mnist_common.console`). Every path goes through
-``tf.io.gfile``; local paths are checked first, before TensorFlow is
-imported (`trainer.path_checks`), so a mistyped one answers at once. A
-problem (no export, an image file that cannot be read or holds no digit, a
-FIFO given as an image, no manifest, an unknown split) ends with one line
-``error: FILE: problem`` and the exit status of the table in docs/README.md,
-"Exit status" (`TrainerError.exit_status`); lines already printed stay; a
-Python without TensorFlow gets one line naming it, exit 1. Ctrl-C, SIGTERM
-and SIGHUP end it with one line ``error: predict: stopped by SIGTERM``
-and 128+N (`mnist_common.console.exit_on_signals`).
+uint8 pixels in, ``probabilities`` and ``class`` out. What it takes and
+prints, and how it fails: docs/trainer.md, "Predict".
 """
 
 from __future__ import annotations

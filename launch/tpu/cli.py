@@ -1,88 +1,11 @@
-"""Create a Cloud TPU VM, install this project on it, train, and delete it.
+"""``mnist-launch-tpu``: create a Cloud TPU VM, install this project on it,
+train, and delete it; this module parses the flags into a `TpuConfig` and
+runs the steps.
 
-    python scripts/launch_tpu_vm.py all --name=mnist-tpu --zone=us-central2-b \\
-        --accelerator_type=v4-8 --data=gs://BUCKET/mnist \\
-        --model_dir=gs://BUCKET/runs/1 --delete_after [--dry_run] [TRAINER ARGS]
-
-Steps, each also a subcommand; ``all`` runs create, setup, train, wait and,
-with ``--delete_after``, delete even when training failed or the wait gave
-up, so a failed run does not leave a TPU billing:
-
-create  ``gcloud compute tpus tpu-vm create NAME --zone --accelerator-type
-        --version --labels=mnist-run=RUN_ID`` (``--run_id``, else a new id,
-        printed). The steps below that reach the VM need that id
-        (``--run_id``) and describe the VM first: one that does not carry
-        it is refused (exit 2) and left as it is.
-setup   makes this project's wheel here (`launch.staging`), copies it to every host
-        (``tpu-vm scp --worker=all``) and installs on every host
-        (``tpu-vm ssh --worker=all``): TensorFlow for TPU, the tf-keras that
-        matches it, then the wheel with ``--no-deps``, then an import check.
-train   reads ``--data``'s manifest.json (``gcloud storage cat``) and warns
-        when the train split has fewer files than the slice has hosts, then
-        starts ``python3 -m trainer --preset=tpu --strategy=tpu`` on the TPU
-        host(s) detached from the ssh session (SIGHUP ignored, stdin from
-        /dev/null, output to ``~/mnist-tpu/train.log``) and returns, so a
-        dropped connection does not stop training. The host keeps the
-        trainer's pid in ``~/mnist-tpu/train.pid`` and, when it ends, its
-        exit status in ``~/mnist-tpu/train.exit``.
-wait    asks every host for that state every ``--poll_seconds`` until the
-        trainer has exited, then exits with the trainer's status (143, 130
-        or 129: stopped by SIGTERM, SIGINT or SIGHUP, e.g. a preemption, with
-        every trained step saved: it says to rerun the train step to
-        resume); 124 after
-        ``--wait_timeout`` seconds, 255 when several checks in a row fail.
-status  asks once: prints one line per host; exits 0 while training runs or
-        after it succeeded, else with the trainer's status (1 if none).
-logs    prints the last ``--lines`` lines of every host's log; ``--follow``
-        keeps printing until the trainer exits.
-delete  ``gcloud compute tpus tpu-vm delete NAME --quiet``.
-run     a spot run from start to result: create (``--queued``: a queued
-        resource), setup, train, wait, and on a preemption delete, create
-        again and resume, until the trainer exits (launch/tpu/spot/runner.py;
-        docs/launch.md, "Spot runs").
-
-``--preset=tpu`` (the trainer's TPU recipe: the CPU recipe, its convnet,
-augmentation, batch 128 and schedule, in bfloat16 with 50 steps per
-execution and the train split held in memory) comes first, so trainer
-arguments given here override its values; a ``--preset`` given here
-replaces it. The trainer's own parser checks them here first: a flag it
-refuses ends the launch with one line before any VM exists.
-
-TensorFlow on the TPU VM. The project pins tensorflow==2.21.0, but that wheel
-is built without TPU support: only the separate ``tensorflow-tpu`` wheel is
-(it depends on ``libtpu``, the TPU runtime library, as a pip package), and
-the newest ``tensorflow-tpu`` release is 2.20.0. Installing the project with
-its dependencies on a TPU VM would therefore replace a TPU-capable
-TensorFlow with one that finds no TPU, so the wheel is installed with
-``--no-deps`` after TensorFlow is in place. Two ways to get that TensorFlow:
-
-* default for one-host slices: a plain TPU OS image (``tpu-ubuntu2204-base``
-  for v2/v3/v4, ``v2-alpha-tpuv5`` for v5p, ``v2-alpha-tpuv5-lite`` for v5e,
-  ``v2-alpha-tpuv6e`` for v6e) plus ``pip install tensorflow-tpu==2.20.0
-  libtpu==0.0.31`` from PyPI: the newest libtpu that this TensorFlow loads
-  (docs/tpu_vm_stack.md). ``--libtpu=libtpu==X`` pins another; setup ends
-  with one ``error:`` line on a host where it does not load.
-* a TensorFlow runtime image (``--runtime_version=tpu-vm-tf-...``), whose
-  preinstalled TensorFlow and libtpu are kept (``--tensorflow=preinstalled``
-  is then the default). Multi-host slices need one of the ``-pod`` images:
-  TensorFlow drives a TPU slice from a single client, and those images run
-  the TPU worker service on every host. There the trainer runs on worker 0
-  with ``--tpu=NAME`` and ``TPU_LOAD_LIBRARY=0`` instead of ``--tpu=local``
-  on each host.
-
-Settings come from flags, else from environment variables:
-
-    --name               TPU_NAME
-    --zone               TPU_ZONE, CLOUDSDK_COMPUTE_ZONE
-    --accelerator_type   TPU_ACCELERATOR_TYPE
-    --runtime_version    TPU_RUNTIME_VERSION
-    --project            GOOGLE_CLOUD_PROJECT, CLOUDSDK_CORE_PROJECT
-                         (optional: gcloud's configured project otherwise)
-
-Arguments this script does not know go to ``python -m trainer`` (e.g.
-``--loop=custom --epochs=5``). ``--dry_run`` prints, one a line, exactly the
-commands the step runs, in order (``wait`` repeats its one command), and
-exits 0 without running anything.
+Each step, ``all`` and ``run`` (a spot run through preemptions,
+`launch.tpu.spot.runner`), what each one runs and exits with, the settings
+and what a host installs: docs/launch.md, "TPU VM", and
+docs/tpu_vm_stack.md.
 """
 
 from __future__ import annotations
@@ -118,6 +41,23 @@ POSITIVE_SECONDS = number(float, min=0, min_inclusive=False, max=MAX_SECONDS,
                           words="positive")
 AT_LEAST_0_SECONDS = number(float, min=0, max=MAX_SECONDS, words="0 or more")
 AT_LEAST_0_INT = number(int, min=0, words="0 or more")
+
+# The end of ``--help``: where the settings come from, what goes to the trainer.
+SETTINGS_HELP = """\
+Settings come from flags, else from environment variables:
+
+    --name               TPU_NAME
+    --zone               TPU_ZONE, CLOUDSDK_COMPUTE_ZONE
+    --accelerator_type   TPU_ACCELERATOR_TYPE
+    --runtime_version    TPU_RUNTIME_VERSION
+    --project            GOOGLE_CLOUD_PROJECT, CLOUDSDK_CORE_PROJECT
+                         (optional: gcloud's configured project otherwise)
+
+Arguments this script does not know go to ``python -m trainer`` (e.g.
+``--loop=custom --epochs=5``). ``--dry_run`` prints, one a line, exactly the
+commands the step runs, in order (``wait`` repeats its one command), and
+exits 0 without running anything.
+"""
 
 
 def _add_run_flags(common: argparse.ArgumentParser) -> None:
@@ -199,7 +139,7 @@ def build_parser() -> ls.LauncherParser:
         description="Cloud TPU VM launcher for the trainer. Unknown "
                     "arguments go to `python -m trainer`.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Settings come from" + __doc__.split("Settings come from", 1)[1])
+        epilog=SETTINGS_HELP)
     sub = parser.add_subparsers(dest="step", required=True)
     for step in VERBS:
         sub.add_parser(step, parents=[common], allow_abbrev=False)

@@ -1,4 +1,4 @@
-"""The output folder: one writer at a time (`lock`), a temp folder and the run's
-checks (`output`), the crash-safe move into place (`journal`) and TFDS's
-metadata files (`metadata`).
+"""The output folder: one writer at a time, a temp folder, the crash-safe
+move into place and TFDS's metadata files. Its modules: docs/pipeline.md,
+"Code layout".
 """

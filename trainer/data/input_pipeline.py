@@ -32,16 +32,10 @@ vectorized ``tf.io.parse_example`` per batch instead of one op per record.
 Both paths cut batches across epoch ends, so every epoch holds each example
 of the share exactly once.
 
-Order. Without a seed the file interleave is non-deterministic (throughput
-over order; shuffling follows anyway) and the in-memory key is drawn at
-random. With a seed the stream of batches is a function of (seed, pipeline
-layout): epoch ``e`` of the stream is always the same permutation. A run
-that resumes at global step ``s`` (``start_step``) continues the very
-stream an uninterrupted run would have seen: the in-memory path computes
-the permutation of the epoch those steps reached and starts at their offset
-in it, reading nothing; the streaming path skips the batches those steps
-consumed, reading (but not parsing) their records. Without a seed a resumed
-run draws a fresh shuffle.
+Order, with a seed and without, and where a resumed run (``start_step``)
+picks the stream up: docs/trainer.md, "Resuming". Without a seed the file
+interleave is non-deterministic: throughput over order, as shuffling
+follows anyway.
 
 Evaluation (`eval_dataset`): every example exactly once. The last,
 partial batch is padded to the full per-replica size and the padding gets

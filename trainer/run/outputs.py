@@ -6,16 +6,8 @@ chief's files should land in ``model_dir``. As in the TF multi-worker guide,
 the other workers write to a private temporary directory under
 ``model_dir`` and delete it afterwards.
 
-Layout::
-
-    model_dir/checkpoints/   ckpt-<step>: model, optimizer, history (both loops)
-    model_dir/logs/          TensorBoard event files (the run's own: config and
-                             test metrics; train/, validation/,
-                             plugins/profile/ with --profile_steps)
-    model_dir/export/        the trained model (SavedModel)
-    model_dir/metrics.json   the final metrics returned by train_and_evaluate
-    model_dir/dataset.json   the dataset the run is pinned to (`trainer.run.dataset_pin`)
-    model_dir/.lock          held by the running chief (`trainer.run.lock`)
+What each file and folder holds: docs/trainer.md, "What lands in
+``model_dir``".
 
 The export and ``metrics.json`` are committed together (`commit_export`):
 the new export is saved under ``.export.new-<run id>/`` with its id in

@@ -1,3 +1,2 @@
-"""Spot runs of ``launch.tpu run``: `decide` picks the next action from what
-was observed, `launch.tpu.cloud` observes and acts through gcloud, `events` and
-`journal` record the run, `runner` loops until the trainer exits."""
+"""Spot runs of ``mnist-launch-tpu run``, through preemptions; its modules:
+docs/launch.md, "Code layout"."""
