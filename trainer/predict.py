@@ -31,7 +31,7 @@ FIFO given as an image, no manifest, an unknown split) ends with one line
 "Exit status" (`TrainerError.exit_status`); lines already printed stay; a
 Python without TensorFlow gets one line naming it, exit 1. Ctrl-C, SIGTERM
 and SIGHUP end it with one line ``error: predict: stopped by SIGTERM``
-and 128+N (`mnist_common.console.exit_on_signals`).
+and 128+N (`mnist_common.stop.exit_on_signals`).
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ from typing import Iterator, Optional, Sequence
 
 from mnist_common import console
 from mnist_common.flags import OneLineParser, number
+from mnist_common.stop import exit_on_signals
 from trainer import path_checks
 from trainer.errors import TrainerError
 
@@ -110,7 +111,7 @@ if __name__ == "__main__":  # the command, not an import: before TensorFlow load
     # here to its exit, TensorFlow's import of several seconds included; the
     # process ends inside the block, so it is never left (a module global
     # keeps the generator, whose collection would leave it).
-    _STOP_ON_SIGNALS = console.exit_on_signals("predict")
+    _STOP_ON_SIGNALS = exit_on_signals("predict")
     _STOP_ON_SIGNALS.__enter__()
     _start()
 
