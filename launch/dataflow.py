@@ -36,6 +36,7 @@ from launch import staging as wheels
 
 from mnist_common import console
 from mnist_common.flags import number
+from mnist_common.stop import Stopped, exit_on_signals
 
 PROGRAM = "mnist-launch-dataflow"
 
@@ -285,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal goes to it (`launch.processes.run_command`) and its status is the
     launcher's; at any other moment the launcher stops at once, with nothing
     to clean up."""
-    with console.exit_on_signals(PROGRAM):
+    with exit_on_signals(PROGRAM):
         try:
             args, rest = parse_args(sys.argv[1:] if argv is None else argv)
             cfg = resolve_config(args, rest)
@@ -298,7 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return execute(cfg, pyproject)
         except le.LaunchError as exc:
             return le.fail(str(exc), exc.code)
-        except le.Stopped as exc:
+        except Stopped as exc:
             return le.stopped(exc, PROGRAM)
 
 

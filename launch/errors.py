@@ -3,16 +3,18 @@
 
 A `ConfigError` (bad settings) is 2, a `RunFailure` (something the launch
 ran failed, the wheel did not build) 1. A launcher stopped by SIGINT,
-SIGTERM or SIGHUP exits 128 + N; while `launch.processes.run_command` runs
-a child, the signal goes to the child first (`Stopped` carries its status).
+SIGTERM or SIGHUP (`mnist_common.stop.Stopped`) exits 128 + N with the line
+of `stopped`; while `launch.processes.run_command` runs a child, the signal
+goes to the child first, and the stop carries its status (docs/launch.md,
+"TPU VM").
 """
 
 from __future__ import annotations
 
-import signal
 import sys
 
 from mnist_common import console
+from mnist_common.stop import Stopped
 
 
 class LaunchError(Exception):
@@ -31,21 +33,6 @@ class RunFailure(LaunchError):
     code = console.FAILURE
 
 
-class Stopped(Exception):
-    """SIGINT, SIGTERM or SIGHUP stopped the launch; ``status`` is the exit
-    status (128 + N, or a stopped child's own), ``reported``: the child
-    already printed why it stopped."""
-
-    def __init__(self, signum: int, status: int | None = None, reported: bool = False):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = int(signum)
-        self.status = console.stopped_by(signum) if status is None else status
-        self.reported = reported
-
-    def line(self, program: str) -> str:
-        return f"error: {program}: stopped by {self}"
-
-
 def fail(message: str, code: int) -> int:
     print(f"error: {message}", file=sys.stderr)
     return code
@@ -55,5 +42,5 @@ def stopped(exc: Stopped, program: str) -> int:
     """The one line of a launcher stopped by a signal (unless its child
     printed its own), and the exit status."""
     if not exc.reported:
-        print(exc.line(program), file=sys.stderr, flush=True)
-    return exc.status
+        print(f"error: {program}: stopped by {exc.name}", file=sys.stderr, flush=True)
+    return exc.exit_status

@@ -4,7 +4,7 @@ Every launcher turns its settings into a list of argv lists first, so tests
 can check the exact commands without running anything, and ``--dry_run``
 prints them with ``shlex.join`` (`format_commands`). `run_command` shows
 and runs one; a SIGINT, SIGTERM or SIGHUP while it runs goes to the child
-first, and `Stopped` (`launch.errors`) is raised once it ended.
+first, and `mnist_common.stop.Stopped` is raised once it ended.
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ import sys
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-from launch.errors import Stopped
-from mnist_common import console
+from mnist_common.stop import Stopped, on_stop_signals
 
 
 Command = list[str]
@@ -34,7 +33,7 @@ def raising_on_signals() -> Iterator[None]:
     for a signal the process was started ignoring, nothing changes."""
     def handle(signum, frame):
         raise Stopped(signum)
-    with console.on_stop_signals(handle):
+    with on_stop_signals(handle):
         yield
 
 
@@ -64,7 +63,7 @@ class _Child:
         if not self.signum:
             return rc
         if rc > 0:
-            raise Stopped(self.signum, rc, reported=True)
+            raise Stopped(self.signum, exit_status=rc, reported=True)
         raise Stopped(-rc if rc < 0 else self.signum)
 
 
@@ -72,7 +71,7 @@ def _run_child(cmd: Sequence[str], cwd: Path | None, **popen) -> tuple[int, str]
     """Runs ``cmd`` with SIGTERM and SIGHUP passed on to it and SIGINT noted
     (`_Child.forward`); its exit status and captured stdout (if piped)."""
     child = _Child()
-    with console.on_stop_signals(child.forward):
+    with on_stop_signals(child.forward):
         child.proc = subprocess.Popen(list(cmd), cwd=cwd, **popen)
         if child.signum:  # came before the child was there to take it
             child.forward(child.signum, None)

@@ -12,7 +12,10 @@ time).
                    a FIFO refused where a data file is read
     console        what the command-line programs print and how they exit:
                    TensorFlow's start-up kept quiet, the log format, the
-                   exit-status table, a signal's one line
+                   exit-status table
+    stop           stopping on SIGTERM, SIGINT or SIGHUP: the `Stopped`
+                   exception, the handlers set and put back, a step that
+                   holds the signal until it ends (`deferred`)
     flags          usage errors as one line, naming the flag a misspelled
                    one was probably meant as
 """

@@ -11,7 +11,8 @@ one of those notices, so a real error is still seen. After that the level
 
 The exit statuses are the same for every command (docs/README.md, "Exit
 status"): `OK`, `FAILURE` at run time, `BAD_INPUT` for bad flags or bad
-input (argparse's usage errors are 2 as well), `stopped_by` a signal. Every
+input (argparse's usage errors are 2 as well), `stopped_by` a signal (how a
+program stops on one: `mnist_common.stop`). Every
 program's log lines have one format, `LOG_FORMAT` (`configure_logging`).
 
 Imports neither TensorFlow nor either program: the programs call it first.
@@ -26,7 +27,6 @@ import re
 import signal
 import sys
 import tempfile
-import threading
 from typing import BinaryIO, Iterator, Optional
 
 OK = 0
@@ -44,7 +44,6 @@ def stopped_by(signum: int) -> int:
 
 INTERRUPTED = stopped_by(signal.SIGINT)  # 130
 TERMINATED = stopped_by(signal.SIGTERM)  # 143
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 # A log line: time, level, logger, message ("2026-12-06 18:20:11,042 INFO
 # trainer.train: ..."); the job's own lines come from the root logger.
@@ -57,46 +56,6 @@ def configure_logging(level: int) -> None:
     sets its own loggers' levels."""
     logging.basicConfig(level=level, format=LOG_FORMAT)
 
-
-@contextlib.contextmanager
-def exit_on_signals(program: str, *, note: str = "") -> Iterator[None]:
-    """Inside the block SIGINT, SIGTERM and SIGHUP end the process with one
-    line ``error: PROGRAM: stopped by SIGTERM[; NOTE]`` on stderr and status
-    128 + N (`stopped_by`), for a program with nothing to save on the way out.
-
-    ``os._exit`` after the line: unwinding would print a traceback from
-    wherever the signal landed. A signal the process was started ignoring
-    (``nohup``) stays ignored. Outside the main thread nothing changes.
-    """
-    def handle(signum, frame):
-        end_capture()
-        line = f"error: {program}: stopped by {signal.Signals(signum).name}"
-        os.write(2, f"{line}{'; ' + note if note else ''}\n".encode())
-        os._exit(stopped_by(signum))
-
-    with on_stop_signals(handle):
-        yield
-
-
-@contextlib.contextmanager
-def on_stop_signals(handler) -> Iterator[None]:
-    """``handler`` for SIGINT, SIGTERM and SIGHUP inside the block, the
-    previous handlers after it. A signal the process was started ignoring
-    stays ignored (``nohup`` ignores SIGHUP; a script's ``cmd &`` ignores
-    SIGINT); outside the main thread, where Python takes no signals,
-    nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = {s: signal.getsignal(s) for s in STOP_SIGNALS}
-    for s, old in previous.items():
-        if old is not signal.SIG_IGN:
-            signal.signal(s, handler)
-    try:
-        yield
-    finally:
-        for s, old in previous.items():
-            signal.signal(s, old)
 
 _NOISE = re.compile(
     rb"WARNING: All log messages before absl::InitializeLog\(\) is called are "

@@ -14,6 +14,7 @@ import re
 import sys
 
 from mnist_common import console
+from mnist_common.stop import Stopped
 from pipeline import options, stop
 from pipeline.errors import (Interrupted, PipelineError, PipelineInputError,
                              failure_summary)
@@ -74,7 +75,7 @@ def _main(argv: list[str]) -> int:
         run_options = options.parse(argv)
     except (options.FlagError, PipelineError) as e:
         return _print_error(e)
-    except stop.Stopped as e:  # while Beam loads: the job had not started
+    except Stopped as e:  # while Beam loads: the job had not started
         return _print_error(Interrupted.by(e, "python -m pipeline", "nothing was written"))
     try:
         if run_options.source == "tfds":
@@ -83,7 +84,7 @@ def _main(argv: list[str]) -> int:
             console.set_tensorflow_log_level()  # records are encoded without TensorFlow
         from pipeline import job
         result = job.run(run_options)
-    except stop.Stopped as e:  # while loading the job: it had not started
+    except Stopped as e:  # while loading the job: it had not started
         return _print_error(Interrupted.by(e, run_options.output, "nothing was written"))
     except PipelineError as e:
         return _print_error(e)

@@ -40,8 +40,9 @@ class StorageError(PipelineError):
 
 
 class Interrupted(PipelineError):
-    """A signal (SIGINT, SIGTERM, SIGHUP) stopped the job; the message says what
-    the output holds, the exit status is 128 + the signal's number."""
+    """A signal (SIGINT, SIGTERM, SIGHUP) stopped the job: its report of a
+    `mnist_common.stop.Stopped`, printed as any error of the job. The message
+    says what the output holds, the exit status is 128 + the signal's number."""
 
     def __init__(self, message: str, exit_status: int = console.INTERRUPTED):
         super().__init__(message)
@@ -49,7 +50,7 @@ class Interrupted(PipelineError):
 
     @classmethod
     def by(cls, stopped, where: str, state: str) -> "Interrupted":
-        """For `pipeline.stop.Stopped` ``stopped``: ``where`` and what it holds."""
+        """For `mnist_common.stop.Stopped` ``stopped``: ``where`` and what it holds."""
         return cls(f"{where}: interrupted ({stopped.name}); {state}", stopped.exit_status)
 
 

@@ -22,6 +22,7 @@ from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import DirectOptions
 
 import mnist_contract as contract
+from mnist_common.stop import Stopped
 
 from pipeline import _compat, progress, stop, storage
 from pipeline.errors import Interrupted, PipelineInputError, StorageError, as_pipeline_error
@@ -111,10 +112,10 @@ def run(options: Options) -> JobResult:
                 return JobResult(options.output, completed_run=layout.completed_run)
             try:
                 return JobResult(options.output, manifest=_write(options, layout))
-            except stop.Stopped as e:
+            except Stopped as e:
                 raise Interrupted.by(e, options.output,
-                                     e.state or interrupted_state(layout)) from None
-    except stop.Stopped as e:
+                                     e.detail or interrupted_state(layout)) from None
+    except Stopped as e:
         raise Interrupted.by(e, options.output, state_before_writing(options.output)) \
             from None
 

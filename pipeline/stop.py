@@ -1,10 +1,14 @@
-"""Stopping the job on SIGINT, SIGTERM or SIGHUP: one line, exit 128+N, lock and temp gone.
+"""The job's stop on SIGINT, SIGTERM or SIGHUP: one line, exit 128+N, lock and temp gone.
+
+The policy of the conversion job, built on `mnist_common.stop` (the
+`Stopped` exception, the handlers, `deferred`); what the user sees is in
+docs/pipeline.md ("Flags and behaviour", Signals).
 
 Python runs signal handlers in the main thread, between two bytecodes of
-whatever code runs there. So the handler raises `Stopped`, which derives from
-BaseException: library code that catches ``Exception`` (Beam's file systems,
-Google's retries) neither wraps nor swallows it, and the job's own
-``except Stopped`` blocks clean up and report.
+whatever code runs there. So the handler raises `Stopped`, a BaseException:
+library code that catches ``Exception`` (Beam's file systems, Google's
+retries) neither wraps nor swallows it, and the job's own ``except
+Stopped`` blocks clean up and report.
 
 Beam's runner is the exception: it wraps whatever a DoFn raises (a
 KeyboardInterrupt becomes ``RuntimeError: KeyboardInterrupt [while running
@@ -22,11 +26,11 @@ From then on only the main thread writes to stderr, so the job's one line is
 the last.
 
 A step that must not be cut in the middle (taking or releasing the lock,
-removing the temp folder) runs inside `deferred`: a signal there is acted on
-when the step ends. Signals after the first are ignored: the job is already
-cleaning up, which takes seconds.
+removing the temp folder) runs inside `mnist_common.stop.deferred`: a signal
+there is acted on when the step ends; the publish runs inside `last_step`.
+Signals after the first are ignored: the job is already cleaning up, which
+takes seconds.
 """
-
 from __future__ import annotations
 
 import contextlib
@@ -37,36 +41,17 @@ import threading
 import time
 from typing import Callable, Collection, Iterator, TypeVar
 
-from mnist_common import console
+from mnist_common.stop import STOP_SIGNALS, Stopped, deferred, on_stop_signals
 
 T = TypeVar("T")
-SIGNALS = console.STOP_SIGNALS
 # How long a stopped run's thread gets to end after its workers were told to stop.
 HALT_WAIT_S = 20.0
 # A stopped run that had worker processes starts no more after this long without one.
 QUIET_S = 0.5
 
 requested = threading.Event()  # set by the first signal, read by in-process workers
-_state = {"signum": 0, "raised": False, "deferring": 0, "writers": 0}
+_state = {"signum": 0, "done": False, "writers": 0}
 _writers = threading.Condition()  # guards _state["writers"]: in-process writes under way
-
-
-class Stopped(BaseException):
-    """A signal stopped the job; `exit_status` is 128 + its number. ``state``,
-    when set, says what the output holds (a publish completed first)."""
-
-    def __init__(self, signum: int, state: str = ""):
-        super().__init__(signum)
-        self.signum = int(signum)
-        self.state = state
-
-    @property
-    def name(self) -> str:
-        return signal.Signals(self.signum).name
-
-    @property
-    def exit_status(self) -> int:
-        return console.stopped_by(self.signum)
 
 
 class StopRequested(Exception):
@@ -97,26 +82,18 @@ def writing() -> Iterator[None]:
             _writers.notify_all()
 
 
-def _raise_pending(state: str = "") -> None:
-    """Raises `Stopped` for a signal that came while raising was deferred."""
-    if _state["signum"] and not _state["raised"]:
-        _state["raised"] = True
-        raise Stopped(_state["signum"], state)
-
-
 def too_late() -> None:
     """From here on a signal is ignored: the job has published its dataset (or
     found it there) and only releases its lock and reports."""
-    _state["raised"] = True
+    _state["done"] = True
 
 
 def _handle(signum, _frame) -> None:
-    if _state["signum"] or _state["raised"]:
+    if _state["signum"] or _state["done"]:
         return  # already stopping (the job is cleaning up), or done
     _state["signum"] = signum
     requested.set()
-    if not _state["deferring"]:
-        _raise_pending()
+    raise Stopped(signum)
 
 
 class _QuietOtherThreads:
@@ -143,42 +120,34 @@ def handling_signals() -> Iterator[None]:
     """Inside the block the signals raise `Stopped` (see the module docstring).
 
     Outside the main thread nothing changes. A signal the process was started
-    ignoring stays ignored (`mnist_common.console.on_stop_signals`).
+    ignoring stays ignored (`mnist_common.stop.install`).
     """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     stderr, sys.stderr = sys.stderr, _QuietOtherThreads(sys.stderr)
     try:
-        with console.on_stop_signals(_handle):
+        with on_stop_signals(_handle):
             yield
     finally:
         sys.stderr = stderr
         requested.clear()
-        _state.update(signum=0, raised=False, deferring=0)
+        _state.update(signum=0, done=False)
 
 
 @contextlib.contextmanager
-def deferred(state: str = "", last: bool = False) -> Iterator[None]:
-    """A signal inside the block raises `Stopped` (with ``state``) when the block
-    ends, not before. ``last``: once the block ends the job is done (`too_late`);
-    a signal up to that moment is still reported."""
-    _state["deferring"] += 1
+def last_step(state: str) -> Iterator[None]:
+    """The job's last step (the publish): a signal inside waits for its end
+    (`mnist_common.stop.deferred`) and then stops the job with ``state``,
+    what the output holds; once it ends the job is done (`too_late`), and a
+    signal up to that moment is still reported."""
     try:
-        yield
-    except BaseException:
-        _state["deferring"] -= 1
-        raise
-    if last and _state["deferring"] == 1:
-        # The handler ignores signals from here on; one it recorded is reported.
-        was_raised, _state["raised"] = _state["raised"], True
-        _state["deferring"] -= 1
-        if _state["signum"] and not was_raised:
-            raise Stopped(_state["signum"], state)
-        return
-    _state["deferring"] -= 1
-    if not _state["deferring"]:
-        _raise_pending(state)
+        with deferred():
+            yield
+        too_late()
+    except Stopped as e:  # held through the step, or come as it ended
+        too_late()
+        raise Stopped(e.signum, state) from None
 
 
 def run_in_thread(work: Callable[[], T], local: bool = True) -> T:
@@ -208,7 +177,7 @@ def run_in_thread(work: Callable[[], T], local: bool = True) -> T:
             done.set()
 
     thread = threading.Thread(target=target, name="beam-run", daemon=True)
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         thread.start()
     finally:

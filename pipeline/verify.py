@@ -25,6 +25,7 @@ from typing import BinaryIO, Callable, Optional
 import mnist_contract as contract
 from mnist_common import console
 from mnist_common.flags import OneLineParser, number
+from mnist_common.stop import Stopped
 from pipeline import credentials, faults, preview, stop, storage
 from pipeline.errors import PipelineError
 
@@ -186,7 +187,7 @@ def main(argv=None) -> int:
     with stop.handling_signals():
         try:
             return _main(argv)
-        except stop.Stopped as e:
+        except Stopped as e:
             print(f"error: python -m pipeline.verify: interrupted ({e.name}) before "
                   "the dataset was verified", file=sys.stderr)
             return e.exit_status

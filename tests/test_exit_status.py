@@ -124,8 +124,8 @@ def test_predict_rows(tmp_path, capsys):
 
 _SLEEPER = """
 import sys, time
-from mnist_common import console
-with console.exit_on_signals("demo", note="nothing saved"):
+from mnist_common.stop import exit_on_signals
+with exit_on_signals("demo", note="nothing saved"):
     print("ready", flush=True)
     time.sleep(600)
 """

@@ -222,3 +222,46 @@ def test_the_cycle_scan_finds_a_cycle_through_a_third_subpackage(tmp_path):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     assert _sibling_cycles(tmp_path, "app") == [["app.a", "app.b", "app.c"]]
+
+
+# Stopping on a signal: one mechanism, in mnist_common/stop.py (its `Stopped`,
+# the handlers set and put back, `deferred`); each program builds its policy
+# on it. One class of each name a stop is known by, and only that module
+# sets a signal's handler.
+STOP_MODULE = Path("mnist_common/stop.py")
+STOP_CLASSES = {"Stopped", "Interrupted"}
+
+
+def _stop_findings(tree: ast.AST, where: str) -> tuple[list[str], list[str]]:
+    """(the stop classes defined in ``tree``, its ``signal.signal`` calls)."""
+    classes = [f"{node.name} {where}:{node.lineno}" for node in ast.walk(tree)
+               if isinstance(node, ast.ClassDef) and node.name in STOP_CLASSES]
+    handlers = [f"{where}:{node.lineno}" for node in ast.walk(tree)
+                if isinstance(node, ast.Call) and _chain(node.func) == "signal.signal"]
+    return classes, handlers
+
+
+def test_one_stop_mechanism():
+    """Each stop class is defined once, and only `mnist_common.stop` calls
+    ``signal.signal``."""
+    classes, handlers = [], []
+    for package in (*PROGRAM_PACKAGES, "mnist_contract"):
+        for path in _sources(REPO / package):
+            relative = path.relative_to(REPO)
+            found = _stop_findings(ast.parse(path.read_text(), str(path)), relative.as_posix())
+            classes += found[0]
+            if relative != STOP_MODULE:
+                handlers += found[1]
+    names = [entry.split()[0] for entry in classes]
+    assert sorted(set(names)) == sorted(names) and "Stopped" in names, classes
+    assert handlers == []
+
+
+def test_the_stop_scan_finds_classes_and_handlers():
+    """The scan above sees a nested class and a handler set inside a function."""
+    source = ("import signal\nclass Stopped(BaseException): pass\n"
+              "def f():\n    class Interrupted(Exception): pass\n"
+              "    signal.signal(signal.SIGTERM, h)\nsignal.getsignal(signal.SIGINT)\n")
+    classes, handlers = _stop_findings(ast.parse(source), "m.py")
+    assert classes == ["Stopped m.py:2", "Interrupted m.py:4"]
+    assert handlers == ["m.py:5"]

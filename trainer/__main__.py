@@ -9,7 +9,7 @@ exit status of the table in docs/README.md, "Exit status"
 (2). A local ``--model_dir`` and ``--data`` are checked before TensorFlow is
 imported (`trainer.path_checks`); a Python without TensorFlow gets one line
 naming it, exit 1. A stop on SIGTERM, SIGINT or
-SIGHUP (`trainer.run.preemption`), during training or outside it, ends with
+SIGHUP (`trainer.run.preemption`, on `mnist_common.stop`), during training or outside it, ends with
 one line and exit status 128 + the signal's number; the line says how to
 resume: rerun the same command, or the command ``TRAINER_RESUME_COMMAND``
 names (a wrapper's, e.g. ``RESUME=1 bash scripts/run_local.sh``).
@@ -36,8 +36,9 @@ from typing import NoReturn, Optional, Sequence  # noqa: E402
 from trainer import path_checks  # noqa: E402
 from trainer.config import TrainConfig, parse_flags, strategy_is_tpu  # noqa: E402
 from trainer.errors import TrainerError, TrainerInputError  # noqa: E402
+from mnist_common.stop import Stopped  # noqa: E402
 from trainer.run import preemption  # noqa: E402
-from trainer.run.preemption import ProcessSignals, Stopped  # noqa: E402
+from trainer.run.preemption import ProcessSignals  # noqa: E402
 
 
 class _StartFailed(Exception):

@@ -14,6 +14,7 @@ from typing import Iterator, Optional, Sequence
 
 from mnist_common import console
 from mnist_common.flags import OneLineParser, number
+from mnist_common.stop import exit_on_signals
 from trainer import path_checks
 from trainer.errors import TrainerError
 
@@ -82,7 +83,7 @@ if __name__ == "__main__":  # the command, not an import: before TensorFlow load
     # here to its exit, TensorFlow's import of several seconds included; the
     # process ends inside the block, so it is never left (a module global
     # keeps the generator, whose collection would leave it).
-    _STOP_ON_SIGNALS = console.exit_on_signals("predict")
+    _STOP_ON_SIGNALS = exit_on_signals("predict")
     _STOP_ON_SIGNALS.__enter__()
     _start()
 

@@ -25,6 +25,7 @@ from typing import Iterator, Sequence
 import tensorflow as tf
 import tf_keras
 
+from mnist_common.stop import deferred
 from mnist_contract import join_path
 from trainer import _compat, strategy as strategy_lib
 from trainer.config import TrainConfig
@@ -94,7 +95,7 @@ def _holding_model_dir(run: Run) -> Iterator[Claim]:
         yield Claim(run.config.model_dir, None, run.pin)
         return
     config = run.config
-    with preemption.deferred():  # a signal that ends the process releases it too
+    with deferred():  # a signal that ends the process releases it too
         lock = run_lock.acquire(config.model_dir)
         preemption.at_stop(lock.release)
     try:

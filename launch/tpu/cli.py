@@ -28,6 +28,7 @@ from launch.tpu.config import DEFAULT_LIBTPU, DEFAULT_TENSORFLOW, TpuConfig
 from launch.tpu.topology import api_accelerator, default_runtime_version, is_multi_host
 from mnist_common import console
 from mnist_common.flags import number
+from mnist_common.stop import Stopped, exit_on_signals
 
 STEPS = ("create", "setup", "train", "wait", "delete")
 # Steps that only talk to an existing VM: they need its name and zone alone.
@@ -360,14 +361,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         args, rest = parse_args(sys.argv[1:] if argv is None else argv)
     except le.ConfigError as exc:
         return le.fail(str(exc), exc.code)
-    signals = (console.exit_on_signals(PROGRAM) if args.step == "run"
+    signals = (exit_on_signals(PROGRAM) if args.step == "run"
                else lp.raising_on_signals())
     try:
         with signals:
             return _main(args, rest)
     except le.LaunchError as exc:
         return le.fail(str(exc), exc.code)
-    except le.Stopped as exc:
+    except Stopped as exc:
         return le.stopped(exc, PROGRAM)
 
 

@@ -12,6 +12,7 @@ from typing import Sequence
 
 from launch.tpu.commands import STATUS_PREFIX
 from mnist_common import console
+from mnist_common.stop import STOP_SIGNALS
 
 _STATUS_RE = re.compile(re.escape(STATUS_PREFIX) + r" (?P<state>running|"
                         r"exited status=(?P<code>\d+)|stopped|not started)")
@@ -23,8 +24,7 @@ _PROGRESS_RE = re.compile(re.escape(STATUS_PREFIX) + r" .*?(?: step=(?P<step>\d+
 
 # The trainer's exit status after a clean stop on a signal (trainer/run/preemption.py:
 # 128 + the signal number): a checkpoint of that step is saved.
-STOPPED_BY_SIGNAL = {console.stopped_by(s): signal.Signals(s).name
-                     for s in console.STOP_SIGNALS}
+STOPPED_BY_SIGNAL = {console.stopped_by(s): signal.Signals(s).name for s in STOP_SIGNALS}
 
 
 def exit_note(code: int) -> str:

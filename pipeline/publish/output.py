@@ -18,6 +18,7 @@ from typing import Callable, Iterator, Mapping, Optional, Sequence
 
 import mnist_contract as contract
 
+from mnist_common.stop import deferred
 from pipeline import faults, stop, storage
 from pipeline.errors import (PipelineError, PipelineInputError, StorageError,
                              failure_summary)
@@ -55,7 +56,7 @@ class OutputLayout:
 
     def release(self) -> None:
         if self.lock is not None:
-            with stop.deferred():
+            with deferred():
                 self.lock.release()
 
 
@@ -104,7 +105,7 @@ def _prepare(options, run_id: str) -> OutputLayout:
     a signal included, the lock is released again."""
     held = None
     try:
-        with stop.deferred():  # a lock file cut half-written would hold off later runs
+        with deferred():  # a lock file cut half-written would hold off later runs
             held = _lock(options.output, run_id)
         return _prepare_locked(options, run_id, held)
     except BaseException:
@@ -258,7 +259,7 @@ def _kept_splits(options, names: set[str]) -> dict[str, contract.SplitInfo]:
 def remove_temp(layout: OutputLayout) -> None:
     """Removes the run's temp folder, or warns naming what is left and its size."""
     try:
-        with stop.deferred():
+        with deferred():
             storage.delete_tree(layout.temp_dir)
     except Exception as e:
         logging.warning("Could not remove %s (%s): %s; the next run removes it",
@@ -295,7 +296,8 @@ def finalize(layout: OutputLayout, options) -> contract.Manifest:
     A storage failure ends in a `StorageError` that says what state the
     output is in: earlier dataset intact, or an interrupted publish that the
     next run completes. A signal during the publish stops the job once the
-    publish is complete (`pipeline.stop.Stopped` with ``COMPLETED_FIRST``).
+    publish is complete (`mnist_common.stop.Stopped` with ``COMPLETED_FIRST``,
+    `pipeline.stop.last_step`).
     """
     journal_written = False
     with _storage_failures(lambda summary: StorageError(
@@ -315,7 +317,7 @@ def finalize(layout: OutputLayout, options) -> contract.Manifest:
             metadata[contract.MANIFEST_FILE], dataset_options(options))
         journal_written = True  # from here on, the journal may exist
         # Once begun, the publish (seconds) is completed before a signal is acted on.
-        with stop.deferred(COMPLETED_FIRST, last=True):
+        with stop.last_step(COMPLETED_FIRST):
             journal.publish(layout.output, plan)
     for split, info in sorted(manifest.splits.items()):
         logging.debug("%s: %d examples in %d shard(s) of %s bytes -> %s", split,

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 
+from mnist_common.stop import Stopped
 from pipeline import stop
 from tests.helpers import alive
 
@@ -29,7 +30,7 @@ def stopped_run(work: str, local: bool) -> None:
     try:
         with stop.handling_signals():
             stop.run_in_thread(lambda: globals()[work](started, finished), local=local)
-    except stop.Stopped as e:
+    except Stopped as e:
         signum = e.signum
     print(json.dumps({
         "signum": signum, "thread_finished": finished.is_set(),

@@ -26,10 +26,10 @@ RESUME = "RESUME=1 EPOCHS=5 bash scripts/run_local.sh --seed=1"
 _STOPPED_IN_TRAINING = """
     import sys
     import trainer.train
-    from trainer.run.preemption import Stopped
+    from trainer.run.preemption import stopped_after_saving
 
     def train_and_evaluate(config):
-        raise Stopped.saved(15, True, "3/8", "M/checkpoints/ckpt-3")
+        raise stopped_after_saving(15, True, "3/8", "M/checkpoints/ckpt-3")
 
     trainer.train.train_and_evaluate = train_and_evaluate
     from trainer.__main__ import main

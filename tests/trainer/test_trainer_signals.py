@@ -102,7 +102,7 @@ _HELD_BY_TRAINING = """
     import os, sys
     import trainer.train
     from trainer.errors import TrainerError
-    from trainer.run.preemption import Stopped
+    from mnist_common.stop import Stopped
 
     class Held:  # stands for the interrupted loop's input iterators
         def __del__(self):

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from mnist_common.stop import Stopped
 from trainer.config import TrainConfig
 from trainer.loop import controller as controller_lib, keras_loop, summaries
 from trainer.model import models as model_lib
@@ -72,7 +73,7 @@ def test_a_signal_stops_at_the_next_call_with_a_checkpoint(tmp_path, signum, cap
     signals.watch()
     try:
         controller.restore()
-        with pytest.raises(preemption.Stopped) as stopped:
+        with pytest.raises(Stopped) as stopped:
             controller.train()
     finally:
         controller.close()
@@ -92,7 +93,7 @@ def test_a_second_signal_stops_at_once_without_saving():
     try:
         os.kill(os.getpid(), signal.SIGTERM)
         assert signals.received == signal.SIGTERM
-        with pytest.raises(preemption.Stopped, match="received twice"):
+        with pytest.raises(Stopped, match="received twice"):
             os.kill(os.getpid(), signal.SIGTERM)
     finally:
         signals.release()

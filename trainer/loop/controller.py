@@ -17,7 +17,8 @@ parts are built by `trainer.loop.build.build_controller` and handed in:
 * the TensorBoard writers (`trainer.loop.summaries.Summaries`);
 * actions (`trainer.loop.actions`, e.g. the profiler);
 * the stop signals (`trainer.run.preemption.StopSignals`): after the call that
-  is running it saves that step and raises `trainer.run.preemption.Stopped`;
+  is running it saves that step and raises `mnist_common.stop.Stopped`
+  (`trainer.run.preemption.stopped_after_saving`);
 * ``check_inputs``: raises if the data changed since the run started
   (`trainer.run.dataset_pin`), before each evaluation and each save;
 * ``recalibrate``: called at the last step, before its evaluation and save
@@ -36,7 +37,7 @@ from trainer.loop.actions import Action
 from trainer.loop.summaries import Summaries
 from trainer.run.checkpoints import RunCheckpoints
 from trainer.run.plan import Plan
-from trainer.run.preemption import StopSignals, Stopped
+from trainer.run.preemption import StopSignals, stopped_after_saving
 
 
 class InnerLoop(Protocol):
@@ -193,8 +194,8 @@ class Controller:
         if self.checkpoints.saved_step != self.step:
             self._save()
         self.checkpoints.wait_for_peers()  # no worker leaves a peer mid-collective
-        raise Stopped.saved(*request, f"{self.step}/{self.total_steps}",
-                            self.checkpoints.path(self.step, self.checkpoints.restore_dir))
+        raise stopped_after_saving(*request, f"{self.step}/{self.total_steps}",
+                                   self.checkpoints.path(self.step, self.checkpoints.restore_dir))
 
     def evaluate(self) -> dict:
         """Evaluates, checking before and after that the data is still the run's."""

@@ -1,5 +1,9 @@
-"""Stopping cleanly on SIGTERM (a spot VM's or Kubernetes' preemption), SIGINT
+"""The trainer's stop on SIGTERM (a spot VM's or Kubernetes' preemption), SIGINT
 (Ctrl-C) and SIGHUP (a closed terminal or ssh session).
+
+The trainer's policy, built on `mnist_common.stop` (the `Stopped` exception,
+the handlers, `deferred`); what the user sees is in docs/trainer.md
+("Preemption: SIGTERM, Ctrl-C and SIGHUP").
 
 No handler here raises: an exception raised in a signal handler surfaces in
 whatever the main thread runs, and inside TensorFlow (a ``tf.function``
@@ -12,9 +16,9 @@ process itself.
 controller sees it at the next step boundary (custom loop: after each
 ``steps_per_execution`` call; Keras loop: after each train-function call),
 saves a checkpoint of that step with the run's history, and raises
-`Stopped`; the command line prints one line and exits with `EXIT_STATUS`
-(`mnist_common.console.stopped_by`: 128 + the signal number, as a shell
-reports a process the signal ended). Rerunning the same command resumes
+`Stopped` (`stopped_after_saving`); the command line prints one line and
+exits with its status (`mnist_common.console.stopped_by`: 128 + the signal
+number, as a shell reports a process the signal ended). Rerunning the same command resumes
 from that checkpoint exactly as after a kill; a command that starts the
 trainer for its user and starts over when rerun (`scripts/run_local.sh`)
 names the command that resumes instead (`resume_with`), and the lines say
@@ -25,7 +29,7 @@ save: no step was trained since the last checkpoint, or training is
 complete and checkpointed) and on a second signal during them (the last
 checkpoint on disk stays the resume point); first it runs what the run
 registered with `at_stop` (releasing the ``model_dir`` lock; while the lock
-is being taken the signal waits, `deferred`). A signal that
+is being taken the signal waits, `mnist_common.stop.deferred`). A signal that
 was ignored when the process started (``nohup``, a detached launcher) stays
 ignored.
 
@@ -55,17 +59,14 @@ with ``steps_per_execution > 1``; see docs/trainer.md).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
-import threading
-from typing import Callable, Iterator, Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
-from mnist_common import console
+from mnist_common import console, stop
+from mnist_common.stop import STOP_SIGNALS, Stopped
 from trainer.errors import TrainerInputError
 
-SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-EXIT_STATUS = {signum: console.stopped_by(signum) for signum in SIGNALS}
 _resume_command: Optional[str] = None  # `resume_with`'s; None: the same command
 # The command line's setting of `resume_with`: one line, the command to print.
 RESUME_COMMAND_ENV = "TRAINER_RESUME_COMMAND"
@@ -100,40 +101,15 @@ def _rerun_resumes(since: str) -> str:
     return f"to resume from {since}, run: {_resume_command}"
 
 
-class Stopped(Exception):
-    """Training stopped on a signal; the message is the one line to print."""
-
-    def __init__(self, signum: int, message: str):
-        super().__init__(message)
-        self.exit_status = EXIT_STATUS[signum]
-
-    @classmethod
-    def saved(cls, signum: int, here: bool, step: str, checkpoint: str) -> "Stopped":
-        """A stop after saving ``checkpoint`` at ``step`` (``N/TOTAL``); ``here``:
-        the signal came to this process, not to another worker."""
-        resume = ("rerun the same command to resume" if _resume_command is None
-                  else f"to resume, run: {_resume_command}")
-        return cls(signum, f"{signal.Signals(signum).name} received"
+def stopped_after_saving(signum: int, here: bool, step: str, checkpoint: str) -> Stopped:
+    """The stop after saving ``checkpoint`` at ``step`` (``N/TOTAL``), its
+    line the one to print; ``here``: the signal came to this process, not to
+    another worker."""
+    resume = ("rerun the same command to resume" if _resume_command is None
+              else f"to resume, run: {_resume_command}")
+    return Stopped(signum, f"{signal.Signals(signum).name} received"
                            f"{'' if here else ' by another worker'}: stopped at step "
                            f"{step}, saved {checkpoint}; {resume}")
-
-
-def _install(handler) -> dict:
-    """``handler`` for each of `SIGNALS` not ignored at start (main thread only:
-    Python runs handlers there); the handlers it replaced."""
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-    replaced = {}
-    for signum in SIGNALS:
-        if signal.getsignal(signum) is not signal.SIG_IGN:
-            replaced[signum] = signal.signal(signum, handler)
-    return replaced
-
-
-def _restore(replaced: dict) -> None:
-    for signum, handler in replaced.items():
-        signal.signal(signum, handler)
-    replaced.clear()
 
 
 class ProcessSignals:
@@ -142,23 +118,19 @@ class ProcessSignals:
 
     def __init__(self) -> None:
         self.cleanups: list[Callable[[], None]] = []
-        self.deferring, self.pending = False, None  # `deferred`
         self._replaced: dict = {}
 
     def __enter__(self) -> "ProcessSignals":
         global _process
-        self._replaced, _process = _install(self._handle), self
+        self._replaced, _process = stop.install(self._handle), self
         return self
 
     def __exit__(self, *exc) -> None:
         global _process
-        _restore(self._replaced)
+        stop.restore(self._replaced)
         _process = None
 
     def _handle(self, signum: int, frame) -> None:
-        if self.deferring:
-            self.pending = signum
-            return
         self.end(signum, f"{signal.Signals(signum).name} received outside the training "
                          f"steps: stopped; {_rerun_resumes('the last checkpoint, if any')}")
 
@@ -178,7 +150,7 @@ class ProcessSignals:
                 cleanup()
             except Exception as e:  # noqa: BLE001  (the exit goes ahead; say what is left)
                 os.write(2, f"while stopping: {type(e).__name__}: {e}\n".encode())
-        os._exit(EXIT_STATUS[signum])
+        os._exit(console.stopped_by(signum))
 
 
 _process: Optional[ProcessSignals] = None  # the command line's, while installed
@@ -191,30 +163,13 @@ def at_stop(cleanup: Callable[[], None]) -> None:
         _process.cleanups.append(cleanup)
 
 
-@contextlib.contextmanager
-def deferred() -> Iterator[None]:
-    """A signal that would end the process waits for the end of the block:
-    between creating the ``model_dir`` lock and registering its release
-    (`at_stop`), ending would leave the lock behind."""
-    if _process is None:
-        yield
-        return
-    _process.deferring = True
-    try:
-        yield
-    finally:
-        _process.deferring = False
-        if _process.pending is not None:
-            _process._handle(_process.pending, None)
-
-
 def forget(cleanup: Callable[[], None]) -> None:
     if _process is not None and cleanup in _process.cleanups:
         _process.cleanups.remove(cleanup)
 
 
 class StopSignals:
-    """While watched, `SIGNALS` request a stop at the next step boundary."""
+    """While watched, the stop signals request a stop at the next step boundary."""
 
     def __init__(self) -> None:
         self.received: Optional[int] = None
@@ -222,7 +177,7 @@ class StopSignals:
 
     def watch(self) -> None:
         """From now until `release`, the signals request a stop."""
-        self._previous = _install(self._handle)
+        self._previous = stop.install(self._handle)
 
     @property
     def name(self) -> str:
@@ -243,17 +198,17 @@ class StopSignals:
         mine = self.received
         if share is None:
             return None if mine is None else (mine, True)
-        counts = share([mine == signum for signum in SIGNALS])
+        counts = share([mine == signum for signum in STOP_SIGNALS])
         if mine is not None:
             return mine, True
-        for signum, count in zip(SIGNALS, counts):
+        for signum, count in zip(STOP_SIGNALS, counts):
             if count:
                 return signum, False
         return None
 
     def release(self) -> None:
         """The signals act as before `watch` again."""
-        _restore(self._previous)
+        stop.restore(self._previous)
 
     def _handle(self, signum: int, frame) -> None:
         if self.received is not None:  # asked twice: stop now, without a checkpoint

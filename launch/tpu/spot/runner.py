@@ -20,9 +20,10 @@ There is one VM name, and a create happens only after describe said
 NOT_FOUND, so there is never a second VM of the run; what it creates is
 labelled with the run's id, and a VM of the name without it is another's,
 left as it is (`launch.tpu.cloud.NotThisRun`, exit 2); every ending deletes
-the VM (``--keep`` keeps a READY one), Ctrl-C, SIGTERM and SIGHUP included.
-A run ends once: from the moment it ends, signals are ignored (the VM is
-being deleted), so it reports one ending and one summary.
+the VM (``--keep`` keeps a READY one), Ctrl-C, SIGTERM and SIGHUP included
+(`mnist_common.stop.Stopped`; docs/launch.md, "Spot runs: `run`"). A run
+ends once: from the moment it ends, signals are ignored (the VM is being
+deleted), so it reports one ending and one summary.
 """
 
 from __future__ import annotations
@@ -30,13 +31,13 @@ from __future__ import annotations
 import dataclasses
 import signal
 import sys
-import threading
 import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
 from launch import errors as le
 from mnist_common import console
+from mnist_common.stop import Stopped, on_stop_signals
 from launch.tpu.spot import decide as sd
 from launch.tpu import commands as tc
 from launch.tpu.config import TpuConfig
@@ -44,14 +45,6 @@ from launch.tpu import states as ts
 from launch.tpu.cloud import Cloud, NotThisRun, create_failure, last_line
 from launch.tpu.spot.events import Events, Standing
 from launch.tpu.spot.journal import Journal, JournalError, identity
-
-
-class Interrupted(Exception):
-    """The launcher got SIGINT, SIGTERM or SIGHUP."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
 
 
 class RunError(Exception):
@@ -325,28 +318,21 @@ class SpotRun(RunObserves):
             except le.LaunchError as exc:  # the wheel did not build
                 return self._end(sd.Decision(sd.FAIL, exc.code, str(exc)), sd.UNKNOWN,
                                  sd.Trainer(sd.UNASKED))
-            except (Interrupted, le.Stopped) as exc:  # le.Stopped: during a command
+            except Stopped as exc:  # from `_signals_raise`, or a command's (lp.run_command)
                 return self._interrupted(exc.signum)
             except KeyboardInterrupt:
                 return self._interrupted(signal.SIGINT)
 
     @contextmanager
     def _signals_raise(self) -> Iterator[None]:
-        """SIGINT, SIGTERM and SIGHUP raise `Interrupted` until the run
-        ends; then they are ignored (only the main thread takes signals)."""
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-
+        """SIGINT, SIGTERM and SIGHUP raise `Stopped` until the run ends;
+        then they are ignored. Even one the launcher was started ignoring
+        (``ignored_too``) ends the run and deletes its VM."""
         def handler(signum, frame):
             if not self.ending:
-                raise Interrupted(signum)
-        previous = {s: signal.signal(s, handler) for s in console.STOP_SIGNALS}
-        try:
+                raise Stopped(signum)
+        with on_stop_signals(handler, ignored_too=True):
             yield
-        finally:
-            for s, old in previous.items():
-                signal.signal(s, old)
 
     def _loop(self) -> int:
         self._announce()

@@ -7,8 +7,8 @@ import signal
 import pytest
 
 from launch.tpu import states as ts
+from mnist_common.stop import STOP_SIGNALS, Stopped
 from tests.launch.helpers import RUNNING, FakeHost, status_line, wait_with
-from trainer.run import preemption
 
 
 @pytest.mark.parametrize("code, name", [(143, "SIGTERM"), (130, "SIGINT")])
@@ -25,5 +25,5 @@ def test_other_statuses_get_no_note():
 
 
 def test_the_launcher_knows_the_trainers_statuses():
-    assert ts.STOPPED_BY_SIGNAL == {status: signal.Signals(signum).name
-                                    for signum, status in preemption.EXIT_STATUS.items()}
+    assert ts.STOPPED_BY_SIGNAL == {Stopped(signum).exit_status: signal.Signals(signum).name
+                                    for signum in STOP_SIGNALS}
