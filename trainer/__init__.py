@@ -11,7 +11,7 @@ The flow, one folder or module per step:
     run/                     every check before anything is written (`preflight`),
                              then the model_dir's safety: layout and commit, lock,
                              dataset pin, checkpoint repair, resume checks, preemption
-    predict                  ``python -m trainer.predict``: the export on PNGs or a split
+    predict, serving         ``python -m trainer.predict``: the export on PNGs or a split
 
 Beside them: `strategy` (TPU, Mirrored, MultiWorker, default), `cluster`
 (a ``TF_CONFIG`` cluster's start with a deadline), `errors`
