@@ -2,4 +2,6 @@
 trainer on a Cloud TPU VM (`launch.tpu`, its spot runs in `launch.tpu.spot`).
 
 Standard library only, plus this project's `mnist_common`, `mnist_contract`
-and `trainer.config`, so a checkout's ``.venv`` with no extra runs them."""
+and `trainer.config`, so a checkout's ``.venv`` with no extra runs them. Each
+runs as its console script (``mnist-launch-dataflow``, ``mnist-launch-tpu``)
+or as ``python -m launch.dataflow``, ``python -m launch.tpu``."""

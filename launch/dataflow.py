@@ -1,7 +1,9 @@
 """Run the MNIST -> TFRecord conversion job on Google Cloud Dataflow.
 
-    python scripts/launch_dataflow.py --project=P --region=us-central1 \\
+    mnist-launch-dataflow --project=P --region=us-central1 \\
         --temp_location=gs://BUCKET/tmp --output=gs://BUCKET/mnist [--dry_run]
+
+``python -m launch.dataflow`` is the same command.
 
 What it runs, in order:
 
@@ -41,7 +43,7 @@ Settings come from flags, else from environment variables:
     --temp_location   DATAFLOW_TEMP_LOCATION
     --output          DATAFLOW_OUTPUT
 
-Any argument this script does not know is passed on to ``python -m
+Any argument this launcher does not know is passed on to ``python -m
 pipeline`` unchanged (e.g. ``--compression=gzip``, ``--image_format=png``).
 ``--dry_run`` prints the commands (``cd`` to the repository first) and exits
 0 without running or writing anything.
@@ -318,4 +320,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    sys.argv[0] = "python -m launch.dataflow"  # argparse's usage line names the command typed
     sys.exit(main())

@@ -16,7 +16,7 @@ The flow, one folder or module per step:
 Beside them: `strategy` (TPU, Mirrored, MultiWorker, default), `cluster`
 (a ``TF_CONFIG`` cluster's start with a deadline), `errors`
 (`TrainerError`: one line, no traceback), `check_flags` (the trainer's
-flags checked without TensorFlow, for ``scripts/check_trainer_flags.py``)
+flags checked without TensorFlow: ``python -m trainer.check_flags``)
 and `_compat` (every private TensorFlow internal the trainer relies on or
 works around, TensorFlow's malloc tuning included).
 

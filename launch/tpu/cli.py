@@ -1,12 +1,13 @@
 """Create a Cloud TPU VM, install this project on it, train, and delete it.
 
-    python scripts/launch_tpu_vm.py all --name=mnist-tpu --zone=us-central2-b \\
+    mnist-launch-tpu all --name=mnist-tpu --zone=us-central2-b \\
         --accelerator_type=v4-8 --data=gs://BUCKET/mnist \\
         --model_dir=gs://BUCKET/runs/1 --delete_after [--dry_run] [TRAINER ARGS]
 
-Steps, each also a subcommand; ``all`` runs create, setup, train, wait and,
-with ``--delete_after``, delete even when training failed or the wait gave
-up, so a failed run does not leave a TPU billing:
+``python -m launch.tpu`` is the same command. Steps, each also a
+subcommand; ``all`` runs create, setup, train, wait and, with
+``--delete_after``, delete even when training failed or the wait gave up,
+so a failed run does not leave a TPU billing:
 
 create  ``gcloud compute tpus tpu-vm create NAME --zone --accelerator-type
         --version --labels=mnist-run=RUN_ID`` (``--run_id``, else a new id,
@@ -79,7 +80,7 @@ Settings come from flags, else from environment variables:
     --project            GOOGLE_CLOUD_PROJECT, CLOUDSDK_CORE_PROJECT
                          (optional: gcloud's configured project otherwise)
 
-Arguments this script does not know go to ``python -m trainer`` (e.g.
+Arguments this launcher does not know go to ``python -m trainer`` (e.g.
 ``--loop=custom --epochs=5``). ``--dry_run`` prints, one a line, exactly the
 commands the step runs, in order (``wait`` repeats its one command), and
 exits 0 without running anything.
@@ -447,7 +448,3 @@ def _main(args: argparse.Namespace, rest: list[str]) -> int:
     if args.step == "run":
         print(RUN_PLAN_NOTE.format(cfg=cfg, mark=tc.MARK_KEY), file=sys.stderr)
     return console.OK
-
-
-if __name__ == "__main__":
-    sys.exit(main())
