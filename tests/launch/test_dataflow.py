@@ -281,6 +281,28 @@ def test_dataflow_abbreviated_flag_is_refused_before_anything_runs(tmp_path, abb
     assert not (tmp_path / "calls").exists() and not dist.exists()
 
 
+@pytest.mark.parametrize("flag, line", [
+    ("--target_shard_mb=nan", "error: --target_shard_mb=nan: must be a finite number > 0 "
+                              "(see --help)"),
+    ("--source=smaple", "error: --source=smaple: no such source or folder; did you mean "
+                        "--source=sample?"),
+    ("--compression=zip", "error: argument --compression: invalid choice: 'zip' (choose "
+                          "from 'none', 'gzip') (see --help)"),
+])
+def test_a_flag_the_pipeline_refuses_is_refused_before_anything_runs(tmp_path, flag, line):
+    """The launcher declares none of the pipeline's flags: it asks the
+    pipeline's own parser, which answers with the line the pipeline itself
+    prints, exit 2, before a wheel is built or a job submitted."""
+    python = fake_program(tmp_path / "python", f'echo "$@" >> {tmp_path}/calls\n')
+    dist = tmp_path / "dist"
+    proc = run_program("launch.dataflow", *DF_ARGS, f"--python={python}",
+                       f"--dist_dir={dist}", flag)
+    assert (proc.returncode, proc.stdout, proc.stderr.splitlines()) == (2, "", [line])
+    assert not (tmp_path / "calls").exists() and not dist.exists()
+    job = run_program("pipeline", f"--output={tmp_path / 'out'}", flag)
+    assert (job.returncode, job.stderr.splitlines()) == (2, [line])
+
+
 @pytest.mark.parametrize("module, argv, line", [
     ("launch.tpu", ["crate"], "error: argument step: invalid choice: 'crate' (choose "
      "from 'create', 'setup', 'train', 'wait', 'delete', 'status', 'logs', 'all', 'run') "
