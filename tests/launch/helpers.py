@@ -27,6 +27,7 @@ from launch.tpu.config import TpuConfig
 from launch.tpu import states as ts
 from tests.helpers import REPO
 
+SCRIPTS = REPO / "scripts"
 FAKE_GCLOUD = Path(__file__).resolve().parent / "fake_gcloud.py"
 
 try:
