@@ -88,4 +88,4 @@ def test_a_stop_during_the_pipeline_leaves_the_previous_run(checkout, tmp_path,
     rerun.send_signal(signal.SIGINT)
     assert rerun.wait(timeout=60) == 128 + signal.SIGINT, rerun.communicate()
     assert tree(model_dir) == before
-    assert not [c for c in calls(tmp_path) if c.startswith("-m trainer")][1:]  # no new one
+    assert not [c for c in calls(tmp_path) if c.startswith("-m trainer ")][1:]  # no new one
