@@ -106,7 +106,6 @@ def _start() -> None:
         sys.exit(console.FAILURE)
 
 
-
 # The stop signals' block `command` enters and never leaves: the process ends
 # inside it, and this global keeps the generator, whose collection would leave it.
 _STOP_ON_SIGNALS = None
