@@ -60,7 +60,6 @@ from mnist_contract import framing, wire
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_MODULE = "benchmarks.keras_mnist_convnet"
-CHECK_TRAINER_FLAGS = REPO / "scripts" / "check_trainer_flags.py"
 TRAIN, VAL = "train", "test"  # the manifest's splits; "test" is the validation split
 BAD_INPUT, CONTENDER_FAILED = 2, 3
 
@@ -331,10 +330,10 @@ def bare_cmd(model_dir: Path, options: Options) -> list[str]:
 
 def check_trainer_flags(options: Options) -> None:
     """`BadInput` now, rather than after the example's run, if the trainer's
-    own parser (`scripts/check_trainer_flags.py`, no TensorFlow) refuses
+    own parser (``python -m trainer.check_flags``, no TensorFlow) refuses
     ``--trainer_flags``."""
     argv = bare_cmd(Path("model_dir"), options)[3:]
-    found = subprocess.run([sys.executable, str(CHECK_TRAINER_FLAGS), *argv],
+    found = subprocess.run([sys.executable, "-m", "trainer.check_flags", *argv],
                            capture_output=True, text=True)
     if found.returncode != 0:
         line = (found.stderr.strip().splitlines() or ["refused"])[-1]

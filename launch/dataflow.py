@@ -35,8 +35,9 @@ from launch import wheel as lw
 from launch import staging as wheels
 
 from mnist_common import console
-from mnist_common.flags import number
+from mnist_common.flags import number, option_strings
 from mnist_common.stop import Stopped, exit_on_signals
+from pipeline import options as pipeline_options
 
 PROGRAM = "mnist-launch-dataflow"
 
@@ -57,8 +58,11 @@ Settings come from flags, else from environment variables:
     --temp_location   DATAFLOW_TEMP_LOCATION
     --output          DATAFLOW_OUTPUT
 
-Any argument this script does not know is passed on to ``python -m
-pipeline`` unchanged (e.g. ``--compression=gzip``, ``--image_format=png``).
+Any argument this launcher does not know is passed on to ``python -m
+pipeline`` unchanged (e.g. ``--source=tfds``, ``--target_shard_mb=50``,
+``--compression=gzip``; all of them: ``mnist-pipeline --help``). The
+pipeline's own parser checks them here first: a flag it refuses ends the
+launch with its one line before anything is built or submitted.
 ``--dry_run`` prints the commands (``cd`` to the repository first) and exits
 0 without running or writing anything.
 """
@@ -76,8 +80,6 @@ class DataflowConfig:
     dist_dir: Path = DEFAULT_DIST_DIR
     build_isolation: bool = True
     wheel_source: wheels.Source = dataclasses.field(default_factory=wheels.find_source)
-    source: str | None = None
-    target_shard_mb: float | None = None
     num_workers: int | None = None
     max_num_workers: int | None = None
     machine_type: str | None = None
@@ -98,7 +100,7 @@ def build_parser() -> ls.LauncherParser:
         allow_abbrev=False,
         description="Run `python -m pipeline` on Dataflow with this project "
                     "staged on the workers. Unknown arguments go to the "
-                    "pipeline.",
+                    "pipeline (its flags: `mnist-pipeline --help`).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=SETTINGS_HELP)
     parser.add_argument("--project", help="GCP project id")
@@ -109,9 +111,6 @@ def build_parser() -> ls.LauncherParser:
                              "(default: TEMP_LOCATION/staging)")
     parser.add_argument("--output", help="gs:// prefix for shards + metadata")
     parser.add_argument("--job_name", help="default: mnist-tfrecords-<UTC>")
-    parser.add_argument("--source", help="passed to the pipeline's --source")
-    parser.add_argument("--target_shard_mb", type=number(float, min=0, min_inclusive=False,
-                                                          words="positive"))
     parser.add_argument("--num_workers", type=number(int, min=1, words="at least 1"))
     parser.add_argument("--max_num_workers", type=number(int, min=1, words="at least 1"))
     parser.add_argument("--machine_type", help="worker type, e.g. n2-standard-4")
@@ -148,11 +147,16 @@ def parse_args(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
 def _refuse_abbreviations(args: argparse.Namespace, rest: Sequence[str]) -> None:
     """An unknown flag that begins one of the launcher's (``--dry`` for
     ``--dry_run``) would go to the pipeline while the launcher's flag stays
-    unset (and the job is submitted): refused, flags are spelled out."""
-    own = sorted(f"--{name}" for name in vars(args))
+    unset (and the job is submitted): refused, flags are spelled out. So is
+    one that begins a flag of the pipeline's own parser (``--target`` for
+    ``--target_shard_mb``), before anything is built."""
+    job = set(option_strings(pipeline_options.build_parser()))
+    known = sorted({f"--{name}" for name in vars(args)} | {f for f in job if f.startswith("--")})
     for arg in rest:
         name = arg.split("=", 1)[0]
-        matches = [flag for flag in own if name.startswith("--") and flag.startswith(name)]
+        if name in job:
+            continue
+        matches = [flag for flag in known if name.startswith("--") and flag.startswith(name)]
         if matches:
             raise le.ConfigError(f"{name}: not a flag; flags are not abbreviated "
                                  f"(did you mean {' or '.join(matches)}?)")
@@ -199,18 +203,30 @@ def resolve_config(args: argparse.Namespace, pipeline_args: Sequence[str],
     _check_job_flags(args, pipeline_args)
     source = wheels.find_source(args.source_dir)
     dist_dir = args.dist_dir or source.dist_dir("dataflow")
-    return DataflowConfig(
+    cfg = DataflowConfig(
         project=project, region=region, temp_location=temp,
         staging_location=staging, output=output, job_name=job_name,
         python=args.python, dist_dir=Path(dist_dir).resolve(),
         build_isolation=not args.no_build_isolation, wheel_source=source,
-        source=args.source,
-        target_shard_mb=args.target_shard_mb, num_workers=args.num_workers,
+        num_workers=args.num_workers,
         max_num_workers=args.max_num_workers, machine_type=args.machine_type,
         experiments=list(args.experiments),
         sdk_container_image=args.sdk_container_image,
         service_account_email=args.service_account_email,
         pipeline_args=list(pipeline_args))
+    check_pipeline_args(cfg)
+    return cfg
+
+
+def check_pipeline_args(cfg: DataflowConfig) -> None:
+    """The pipeline's own answer to the command the launcher will run, asked
+    before the wheel is built or the job submitted: a flag the job refuses
+    ends the launch with the job's own line (exit 2). `pipeline.options`
+    loads neither Beam nor TensorFlow (the standard library is enough)."""
+    problem = pipeline_options.flag_problem(
+        pipeline_command(cfg, cfg.wheel_source.project())[3:])
+    if problem:
+        raise le.ConfigError(problem)
 
 
 def worker_requirements(pyproject: Mapping) -> list[str]:
@@ -250,10 +266,6 @@ def pipeline_command(cfg: DataflowConfig, pyproject: Mapping) -> lp.Command:
     else:
         cmd += [f"--requirements_file={requirements_path(cfg)}",
                 "--requirements_cache=skip"]
-    if cfg.source:
-        cmd.append(f"--source={cfg.source}")
-    if cfg.target_shard_mb is not None:
-        cmd.append(f"--target_shard_mb={cfg.target_shard_mb:g}")
     if cfg.num_workers is not None:
         cmd.append(f"--num_workers={cfg.num_workers}")
     if cfg.max_num_workers is not None:
@@ -304,4 +316,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    sys.argv[0] = "python -m launch.dataflow"  # argparse's usage line names the command typed
     sys.exit(main())

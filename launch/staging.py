@@ -1,8 +1,9 @@
 """Which project a launcher stages, and the wheel it stages.
 
 A launcher ships the project it is part of. In a checkout (an editable
-install, ``python -m launch`` from the root) that is the checkout: its wheel
-is built with ``pip wheel`` (`launch.wheel.build_in_staging`). Installed
+install, or ``python -m launch.tpu`` run from the root) that is the
+checkout: its wheel is built with ``pip wheel``
+(`launch.wheel.build_in_staging`). Installed
 from a wheel (``pip install '.[pipeline]'``), there is no pyproject.toml
 beside the package, so the installed distribution's own files, the ones its
 RECORD lists, are packed back into the wheel they came from, with no build

@@ -273,9 +273,7 @@ def parse(argv: Sequence[str]) -> Options:
     credential is reported before the Dataflow checks, which would only name
     its symptoms. Beam's flags, the runner and ``--source`` come after.
     """
-    args, beam_args = parse_job_flags(argv)
-    splits = check_values(args, beam_args)
-    check_source(args.source)
+    args, beam_args, splits = checked_job_flags(argv)
     check_environment()
     beam_values = _beam_values(beam_args)
     credentials.require([args.output, args.source, *beam_locations(beam_values)],
@@ -288,6 +286,32 @@ def parse(argv: Sequence[str]) -> Options:
            if hasattr(args, f.name)}
     return Options(**{**job, "splits": tuple(splits)}, runner=runner,
                    data_source=data_source, beam=beam)
+
+
+def checked_job_flags(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str], list[str]]:
+    """(the job's flags, the flags left for Beam, the splits to convert), the
+    job's flags checked (`check_values`, `check_source`); `FlagError`."""
+    args, beam_args = parse_job_flags(argv)
+    splits = check_values(args, beam_args)
+    check_source(args.source)
+    return args, beam_args, splits
+
+
+def flag_problem(argv: Sequence[str]) -> str | None:
+    """What `parse` refuses in the job's own flags of ``argv``, as one line;
+    None when it takes them.
+
+    Prints nothing (``--help`` prints the help and exits, as the job does)
+    and imports neither Beam nor TensorFlow (the standard library is
+    enough), so a launcher asks before it spends anything:
+    `launch.dataflow` before it builds the wheel and submits the job.
+    Beam's flags, credentials and the environment are checked by the run.
+    """
+    try:
+        checked_job_flags(argv)
+    except FlagError as e:
+        return str(e)
+    return None
 
 
 def check_environment() -> None:

@@ -93,8 +93,8 @@ TRAINER_FLAGS+=(--loop="$LOOP")
 has_flag --epochs "$@" || TRAINER_FLAGS+=(--epochs="$EPOCHS")
 TRAINER_FLAGS+=("$@")
 # The trainer's flags are checked before anything is replaced, by the
-# trainer's own parser (scripts/check_trainer_flags.py: no TensorFlow).
-if ! "$PYTHON" scripts/check_trainer_flags.py "${TRAINER_FLAGS[@]}"; then
+# trainer's own parser (python -m trainer.check_flags: no TensorFlow).
+if ! "$PYTHON" -m trainer.check_flags "${TRAINER_FLAGS[@]}"; then
   exit 2
 fi
 

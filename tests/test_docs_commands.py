@@ -20,7 +20,7 @@ from tests.launch.helpers import PYPROJECT, SETTINGS_ENV
 PAGES = ("README.md", "docs/launch.md")
 SCRIPTS = PYPROJECT["project"]["scripts"]
 EXTRAS = PYPROJECT["project"]["optional-dependencies"]
-LAUNCHERS = {"mnist-launch", "mnist-launch-dataflow", "mnist-launch-tpu"}
+LAUNCHERS = {"mnist-launch-dataflow", "mnist-launch-tpu"}
 
 
 def shown_blocks(page: str) -> list[list[str]]:

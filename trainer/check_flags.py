@@ -1,5 +1,6 @@
-"""``python scripts/check_trainer_flags.py TRAINER_FLAGS...``: exit 0 if the
-trainer would take these flags, else one line ``error: trainer flags: ...`` and 2.
+"""``python -m trainer.check_flags TRAINER_FLAGS...`` (installed also
+``mnist-check-trainer-flags``): exit 0 if the trainer would take these
+flags, else one line ``error: trainer flags: ...`` and 2.
 
 `scripts/run_local.sh` asks before it replaces anything, so a typo or a
 value the trainer refuses (``--epochs=0``) costs nothing. The answer is the

@@ -394,7 +394,7 @@ def flag_problem(argv: Sequence[str], *, on_tpu: bool) -> Optional[str]:
     Prints nothing (``--help`` prints the help and exits, as the trainer
     does) and loads no TensorFlow (the standard library is enough), so a
     launcher asks before it spends anything: `scripts/run_local.sh`
-    before it replaces its folders, `scripts/launch_tpu_vm.py` before it
+    before it replaces its folders, `mnist-launch-tpu` before it
     creates a TPU VM. ``on_tpu`` settles ``--preset=auto``.
     """
     try:

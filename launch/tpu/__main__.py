@@ -1,4 +1,5 @@
-"""``python -m launch.tpu STEP ...``: the TPU VM launcher (`launch.tpu.cli`)."""
+"""``python -m launch.tpu STEP ...``, installed also ``mnist-launch-tpu``: the TPU VM
+launcher (`launch.tpu.cli`)."""
 
 import sys
 

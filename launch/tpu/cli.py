@@ -388,7 +388,3 @@ def _main(args: argparse.Namespace, rest: list[str]) -> int:
     if args.step == "run":
         print(RUN_PLAN_NOTE.format(cfg=cfg, mark=tc.MARK_KEY), file=sys.stderr)
     return console.OK
-
-
-if __name__ == "__main__":
-    sys.exit(main())

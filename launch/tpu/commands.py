@@ -1,6 +1,6 @@
 """What the TPU VM launcher runs: gcloud commands and the host shell scripts.
 
-``launch_tpu_vm.py`` reads the settings and runs the steps; this module turns
+`launch.tpu.cli` reads the settings and runs the steps; this module turns
 a resolved ``TpuConfig`` into the argv lists of each step and the shell
 scripts those ``gcloud compute tpus tpu-vm ssh`` commands carry to the hosts
 (install, start the trainer detached, report its state, show its log);

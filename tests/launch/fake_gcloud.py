@@ -1,4 +1,4 @@
-"""The fake ``gcloud``: the calls ``launch_tpu_vm.py`` makes, answered from a
+"""The fake ``gcloud``: the calls ``mnist-launch-tpu`` makes, answered from a
 `fake_cloud.FakeCloud` folder (``FAKE_CLOUD``), with gcloud's output formats
 and exit statuses.
 

@@ -1,5 +1,5 @@
 """What the launcher tests share: the project's pyproject and wheel name, the
-scripts run as a user runs them (without the caller's cloud settings),
+launchers run as a user runs them (``python -m``, without the caller's cloud settings),
 stand-in programs on PATH, the flags of a planned command, and a TPU VM host
 that answers ``wait``'s status checks from a script.
 
@@ -52,9 +52,15 @@ def clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_script(name: str, *args: str, env: dict[str, str] | None = None):
+def program(module: str, *args: str) -> list[str]:
+    """The command line of ``python -m MODULE ARGS`` in this Python."""
+    return [sys.executable, "-m", module, *args]
+
+
+def run_program(module: str, *args: str, env: dict[str, str] | None = None):
+    """``python -m MODULE ARGS`` from the checkout's root, finished."""
     return subprocess.run(
-        [sys.executable, str(SCRIPTS / name), *args], cwd=REPO,
+        program(module, *args), cwd=REPO,
         env=clean_env() if env is None else env, capture_output=True,
         text=True, timeout=120)
 

@@ -29,7 +29,7 @@ from launch import wheel as lw
 from launch import dataflow as ld
 from tests.helpers import REPO
 from tests.launch.helpers import (PYPROJECT, WHEEL, clean_env, fake_program, flag_values,
-                                  run_script)
+                                  program, run_program)
 
 
 # --------------------------------------------------------------- Dataflow
@@ -222,7 +222,7 @@ def test_dataflow_settings_from_environment():
 
 def test_dataflow_dry_run_prints_commands_and_writes_nothing(tmp_path):
     dist = tmp_path / "dist"
-    proc = run_script("launch_dataflow.py", *DF_ARGS, f"--dist_dir={dist}",
+    proc = run_program("launch.dataflow", *DF_ARGS, f"--dist_dir={dist}",
                       "--dry_run")
     assert proc.returncode == 0, proc.stderr
     lines = [shlex.split(line) for line in proc.stdout.splitlines()]
@@ -243,7 +243,7 @@ def test_dataflow_dry_run_prints_commands_and_writes_nothing(tmp_path):
 ])
 def test_dataflow_missing_setting_is_a_clear_error(drop, message):
     args = [a for a in DF_ARGS if not a.startswith(drop + "=")]
-    proc = run_script("launch_dataflow.py", *args, "--dry_run")
+    proc = run_program("launch.dataflow", *args, "--dry_run")
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert len(proc.stderr.strip().splitlines()) == 1
@@ -259,7 +259,7 @@ def test_dataflow_missing_setting_is_a_clear_error(drop, message):
 def test_dataflow_invalid_setting_is_a_clear_error(bad, message):
     key = bad.split("=", 1)[0]
     args = [a for a in DF_ARGS if not a.startswith(key + "=")] + [bad]
-    proc = run_script("launch_dataflow.py", *args, "--dry_run")
+    proc = run_program("launch.dataflow", *args, "--dry_run")
     assert proc.returncode == 2
     assert len(proc.stderr.strip().splitlines()) == 1
     assert proc.stderr.startswith("error: " + message)
@@ -271,7 +271,7 @@ def test_dataflow_abbreviated_flag_is_refused_before_anything_runs(tmp_path, abb
     launcher building and submitting the job."""
     python = fake_program(tmp_path / "python", f'echo "$@" >> {tmp_path}/calls\n')
     dist = tmp_path / "dist"
-    proc = run_script("launch_dataflow.py", *DF_ARGS, f"--python={python}",
+    proc = run_program("launch.dataflow", *DF_ARGS, f"--python={python}",
                       f"--dist_dir={dist}", abbreviation)
     assert proc.returncode == 2, proc.stderr
     name = abbreviation.split("=")[0]
@@ -281,17 +281,39 @@ def test_dataflow_abbreviated_flag_is_refused_before_anything_runs(tmp_path, abb
     assert not (tmp_path / "calls").exists() and not dist.exists()
 
 
-@pytest.mark.parametrize("script, argv, line", [
-    ("launch_tpu_vm.py", ["crate"], "error: argument step: invalid choice: 'crate' (choose "
+@pytest.mark.parametrize("flag, line", [
+    ("--target_shard_mb=nan", "error: --target_shard_mb=nan: must be a finite number > 0 "
+                              "(see --help)"),
+    ("--source=smaple", "error: --source=smaple: no such source or folder; did you mean "
+                        "--source=sample?"),
+    ("--compression=zip", "error: argument --compression: invalid choice: 'zip' (choose "
+                          "from 'none', 'gzip') (see --help)"),
+])
+def test_a_flag_the_pipeline_refuses_is_refused_before_anything_runs(tmp_path, flag, line):
+    """The launcher declares none of the pipeline's flags: it asks the
+    pipeline's own parser, which answers with the line the pipeline itself
+    prints, exit 2, before a wheel is built or a job submitted."""
+    python = fake_program(tmp_path / "python", f'echo "$@" >> {tmp_path}/calls\n')
+    dist = tmp_path / "dist"
+    proc = run_program("launch.dataflow", *DF_ARGS, f"--python={python}",
+                       f"--dist_dir={dist}", flag)
+    assert (proc.returncode, proc.stdout, proc.stderr.splitlines()) == (2, "", [line])
+    assert not (tmp_path / "calls").exists() and not dist.exists()
+    job = run_program("pipeline", f"--output={tmp_path / 'out'}", flag)
+    assert (job.returncode, job.stderr.splitlines()) == (2, [line])
+
+
+@pytest.mark.parametrize("module, argv, line", [
+    ("launch.tpu", ["crate"], "error: argument step: invalid choice: 'crate' (choose "
      "from 'create', 'setup', 'train', 'wait', 'delete', 'status', 'logs', 'all', 'run') "
      "(see --help)"),
-    ("launch_tpu_vm.py", ["all", "--poll_seconds=soon"],
+    ("launch.tpu", ["all", "--poll_seconds=soon"],
      "error: argument --poll_seconds: invalid float value: 'soon' (see --help)"),
-    ("launch_dataflow.py", ["--num_workers=many"],
+    ("launch.dataflow", ["--num_workers=many"],
      "error: argument --num_workers: invalid int value: 'many' (see --help)"),
 ])
-def test_a_launcher_usage_error_is_one_line(script, argv, line):
-    proc = run_script(script, *argv)
+def test_a_launcher_usage_error_is_one_line(module, argv, line):
+    proc = run_program(module, *argv)
     assert proc.returncode == 2
     assert (proc.stdout, proc.stderr.splitlines()) == ("", [line])
 
@@ -331,8 +353,8 @@ elif args[:2] == ["-m", "pipeline"]:
 def start_dataflow(tmp_path: Path, **env: str) -> subprocess.Popen:
     python = fake_python(tmp_path)
     return subprocess.Popen(
-        [sys.executable, str(REPO / "scripts" / "launch_dataflow.py"), *DF_ARGS,
-         f"--python={python}", f"--dist_dir={tmp_path / 'dist'}"],
+        program("launch.dataflow", *DF_ARGS, f"--python={python}",
+                f"--dist_dir={tmp_path / 'dist'}"),
         cwd=REPO, env=clean_env(**env), stderr=subprocess.PIPE, text=True)
 
 

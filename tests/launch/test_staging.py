@@ -22,7 +22,7 @@ from launch import wheel as lw
 from launch.tpu import commands as tc
 from tests.helpers import REPO
 from tests.launch.helpers import (PYPROJECT, RUN_ID, TPU_ARGS, WHEEL, clean_env, fake_program,
-                                  run_script, tpu_plan)
+                                  run_program, tpu_plan)
 
 DF_ARGS = ["--project=p", "--region=us-central1", "--temp_location=gs://my-bucket/tmp",
            "--output=gs://my-bucket/mnist"]
@@ -64,10 +64,10 @@ def test_dist_dir_src_of_the_users_is_never_deleted(tmp_path, launcher, kind):
                  f"case \"$*\" in *describe*) echo '{marked}';; esac\nexit 0\n")
     env = clean_env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     if launcher == "dataflow":
-        proc = run_script("launch_dataflow.py", *DF_ARGS, f"--python={python}",
+        proc = run_program("launch.dataflow", *DF_ARGS, f"--python={python}",
                           f"--dist_dir={dist}", env=env)
     else:
-        proc = run_script("launch_tpu_vm.py", "setup", *TPU_ARGS, f"--python={python}",
+        proc = run_program("launch.tpu", "setup", *TPU_ARGS, f"--python={python}",
                           f"--dist_dir={dist}", env=env)
     assert proc.returncode == 0, proc.stderr
     assert (dist / "src" / "myproject" / "main.c").read_text() == "int main;\n"
@@ -99,10 +99,10 @@ def test_source_dir_builds_that_checkout(tmp_path):
     assert not (checkout / "launch").exists() and list((tmp_path / "d").iterdir()) == []
 
 
-@pytest.mark.parametrize("script, argv", [
-    ("launch_dataflow.py", DF_ARGS), ("launch_tpu_vm.py", ["setup", *TPU_ARGS])])
-def test_source_dir_without_pyproject_is_one_line(tmp_path, script, argv):
-    proc = run_script(script, *argv, f"--source_dir={tmp_path}", "--dry_run")
+@pytest.mark.parametrize("module, argv", [
+    ("launch.dataflow", DF_ARGS), ("launch.tpu", ["setup", *TPU_ARGS])])
+def test_source_dir_without_pyproject_is_one_line(tmp_path, module, argv):
+    proc = run_program(module, *argv, f"--source_dir={tmp_path}", "--dry_run")
     assert (proc.returncode, proc.stdout) == (2, "")
     assert proc.stderr.splitlines() == [f"error: --source_dir={tmp_path}: no pyproject.toml "
                                         "there; name a checkout of the project"]
@@ -146,7 +146,7 @@ def run_installed(installed, *argv: str) -> subprocess.CompletedProcess:
     ["mnist-launch-dataflow", *DF_ARGS, "--dry_run"],
     ["mnist-launch-tpu", "setup", *TPU_ARGS, "--dry_run"],
     ["mnist-launch-tpu", "run", "--spot", *TPU_ARGS, "--dry_run"],
-    ["mnist-launch", "tpu", "all", *TPU_ARGS, "--delete_after", "--dry_run"]])
+    ["mnist-launch-tpu", "all", *TPU_ARGS, "--delete_after", "--dry_run"]])
 def test_an_installed_launcher_stages_the_installed_distribution(installed, argv):
     """From a folder outside the checkout, with no pyproject.toml anywhere:
     exit 0, one line saying the installed files are staged, the wheel in the
@@ -198,13 +198,12 @@ def test_an_installed_launcher_stages_the_wheel_it_was_installed_from(installed,
 
 
 @pytest.mark.slow
-def test_a_checkouts_script_says_what_it_stages_beside_an_installed_copy(installed):
-    """``python scripts/launch_dataflow.py`` with an interpreter that has a
-    plain copy installed runs that copy (no module edits the import path)
-    and says so; ``--source_dir`` names the checkout to stage instead."""
+def test_python_m_of_an_installed_copy_says_what_it_stages(installed):
+    """``python -m launch.dataflow`` with an interpreter that has a plain copy
+    installed, outside the checkout, runs that copy and says so;
+    ``--source_dir`` names the checkout to stage instead."""
     tmp, venv, _, site, env = installed
-    script = [str(venv / "bin" / "python"), str(REPO / "scripts" / "launch_dataflow.py"),
-              *DF_ARGS, "--dry_run"]
+    script = [str(venv / "bin" / "python"), "-m", "launch.dataflow", *DF_ARGS, "--dry_run"]
     for extra, line in [([], f"staging: mnist-tpu 0.1.0 as installed in {site} (its files, "
                             "packed into a wheel)"),
                         ([f"--source_dir={REPO}"], CHECKOUT_LINE)]:

@@ -13,7 +13,7 @@ import time
 from tests.helpers import REPO
 
 MARKER = ".made-by-run_local"
-SCRIPTS = ("run_local.sh", "bootstrap.sh", "check_trainer_flags.py")
+SCRIPTS = ("run_local.sh", "bootstrap.sh")
 
 
 def make_checkout(tmp_path):

@@ -37,7 +37,7 @@ def make_repo(tmp_path):
     """A copy of the demo's scripts and pyproject.toml: its .venv goes there."""
     repo = tmp_path / "repo"
     (repo / "scripts").mkdir(parents=True)
-    for name in ("run_local.sh", "bootstrap.sh", "check_trainer_flags.py"):
+    for name in ("run_local.sh", "bootstrap.sh"):
         shutil.copy(REPO / "scripts" / name, repo / "scripts" / name)
     shutil.copy(REPO / "pyproject.toml", repo / "pyproject.toml")
     return repo

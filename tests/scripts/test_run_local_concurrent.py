@@ -35,7 +35,7 @@ def test_a_second_run_is_refused_while_the_first_runs(checkout, tmp_path, shared
     # Nothing deleted, no claim left behind; only the trainer's flags were checked.
     assert {k: v for k, v in tree(tmp_path).items() if k != "calls"} == {
         k: v for k, v in before.items() if k != "calls"}
-    assert [c.split()[0] for c in calls(tmp_path)[made:]] == ["scripts/check_trainer_flags.py"]
+    assert [c.split()[:2] for c in calls(tmp_path)[made:]] == [["-m", "trainer.check_flags"]]
     (tmp_path / "go").touch()
     assert first.wait(timeout=60) == 0, first.communicate()
     assert (model_dir / "checkpoints").is_dir() and (model_dir / MARKER).exists()

@@ -65,7 +65,7 @@ def test_trainer_flags_given_as_arguments_replace_the_scripts_own(checkout, tmp_
     given to the script replace its own; ``--data``, ``--model_dir`` and
     ``--loop`` are its settings (DATA, MODEL_DIR, LOOP), refused as arguments."""
     assert run_local(checkout, None, "--epochs=3", "--preset=smoke").returncode == 0
-    [train] = [c for c in calls(tmp_path) if c.startswith("-m trainer")]
+    [train] = [c for c in calls(tmp_path) if c.startswith("-m trainer ")]
     flags = train.split()[2:]
     assert [f for f in flags if f.startswith(("--epochs", "--preset"))] == [
         "--epochs=3", "--preset=smoke"], train

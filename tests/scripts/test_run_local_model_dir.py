@@ -42,8 +42,8 @@ def test_a_folder_it_did_not_make_is_refused_and_kept(checkout, tmp_path, which)
     result = run_local(checkout, model_dir, HOME=str(tmp_path / "home"))
     refused(result, model_dir)
     assert {k: v for k, v in tree(tmp_path).items() if k != "calls"} == before
-    assert [c.split()[0] for c in calls(tmp_path)] == [
-        "scripts/check_trainer_flags.py"]  # neither pipeline nor trainer ran
+    assert [c.split()[:2] for c in calls(tmp_path)] == [
+        ["-m", "trainer.check_flags"]]  # neither pipeline nor trainer ran
 
 
 def test_a_folder_it_made_is_replaced(checkout, tmp_path):
@@ -88,4 +88,4 @@ def test_a_stop_during_the_pipeline_leaves_the_previous_run(checkout, tmp_path,
     rerun.send_signal(signal.SIGINT)
     assert rerun.wait(timeout=60) == 128 + signal.SIGINT, rerun.communicate()
     assert tree(model_dir) == before
-    assert not [c for c in calls(tmp_path) if c.startswith("-m trainer")][1:]  # no new one
+    assert not [c for c in calls(tmp_path) if c.startswith("-m trainer ")][1:]  # no new one

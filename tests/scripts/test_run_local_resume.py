@@ -20,7 +20,7 @@ from tests.scripts.run_local_helpers import calls, run_local, tree
 RECORDING = """#!/bin/sh
 here="$(dirname "$0")"
 echo "$@" >> "$here/calls"
-case "$*" in *"-m trainer"*) printf '%s\\n' "$TRAINER_RESUME_COMMAND" >> "$here/resume" ;; esac
+case "$*" in *"-m trainer "*) printf '%s\\n' "$TRAINER_RESUME_COMMAND" >> "$here/resume" ;; esac
 """
 
 
@@ -44,6 +44,6 @@ def test_the_trainer_is_told_the_command_that_resumes(checkout, tmp_path):
                                                if k not in settings})
     assert resumed.returncode == 0, resumed.stderr
     assert tree(model_dir) == before
-    trainer = [c for c in calls(tmp_path) if c.startswith("-m trainer")]
+    trainer = [c for c in calls(tmp_path) if c.startswith("-m trainer ")]
     assert len(trainer) == 2 and trainer[0] == trainer[1]
     assert "--epochs=2" in trainer[0] and "--loop=custom" in trainer[0]

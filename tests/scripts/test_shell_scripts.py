@@ -58,7 +58,7 @@ def test_run_local_runs_pipeline_then_trainer(tmp_path, loop):
              if not c.startswith("TF_CPP")]
     trainer_flags = [f"--data={data}", f"--model_dir={model}", "--preset=cpu",
                      f"--loop={loop}", "--epochs=1"]  # the argument's, not EPOCHS
-    assert calls[0].split() == ["scripts/check_trainer_flags.py", *trainer_flags]
+    assert calls[0].split() == ["-m", "trainer.check_flags", *trainer_flags]
     assert calls[1].split() == [  # DATA is new: nothing to overwrite
         "-m", "pipeline", "--source=sample", f"--output={data}", "--runner=DirectRunner"]
     assert calls[2].split() == ["-m", "trainer", *trainer_flags]

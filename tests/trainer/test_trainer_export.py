@@ -21,7 +21,7 @@ import tf_keras as keras
 import mnist_contract as contract
 from tests import trainer_data
 from tests.helpers import real_digits
-from trainer import predict
+from trainer import predict, serving
 from trainer.config import TrainConfig
 from trainer.errors import TrainerError
 from trainer.model import augment, export, models as model_lib, optimizer as optimizer_lib
@@ -286,7 +286,7 @@ def test_predict_reads_a_pngs_size_before_decoding_it(tmp_path, monkeypatch):
         raise AssertionError("the PNG was decoded")
     monkeypatch.setattr(tf.io, "decode_png", no_decoding)
     with pytest.raises(TrainerError) as error:
-        predict.read_png(str(path))
+        serving.read_png(str(path))
     assert str(error.value) == (f"{path}: image is 20000x20000 (height x width), "
                                 "expected 28x28")
 

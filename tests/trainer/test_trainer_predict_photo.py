@@ -18,7 +18,7 @@ from PIL import Image
 from tests import trainer_data
 from tests.helpers import real_digits
 from tests.trainer import trainer_runs
-from trainer import predict
+from trainer import predict, serving
 
 pytestmark = pytest.mark.slow
 
@@ -39,8 +39,8 @@ def model(tmp_path_factory):
     model_dir = str(root / "m")
     assert trainer_runs.run(data, model_dir, "--epochs=4", "--global_batch_size=32",
                             "--steps_per_execution=1", "--seed=1") == 0
-    signature = predict.load_signature(model_dir)
-    classes, probs = predict.predict(signature, test_images[..., None])
+    signature = serving.load_signature(model_dir)
+    classes, probs = serving.predict(signature, test_images[..., None])
     sure = (classes == test_labels) & (probs > 0.9)
     assert sure.sum() >= 20, (classes, test_labels, probs)
     return model_dir, test_images[sure][:20], test_labels[sure][:20]
@@ -150,7 +150,7 @@ def test_a_picture_over_the_pixel_limit_is_refused_undecoded(model, tmp_path, ca
               + b"\x08\x02\x00\x00\x00")
     path = tmp_path / "huge.png"
     path.write_bytes(header + b"\x00" * 64)
-    monkeypatch.setattr(predict.tf.io, "decode_image",
+    monkeypatch.setattr(serving.tf.io, "decode_image",
                         lambda *a, **k: pytest.fail("the PNG was decoded"))
     assert predict.main([f"--model_dir={model[0]}", str(path)]) == 2
     assert capsys.readouterr().err == (f"error: {path}: image is 9000x9000 (height x width), "

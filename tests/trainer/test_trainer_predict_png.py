@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from trainer import predict
+from trainer import serving
 from trainer.errors import TrainerError
 
 
@@ -17,7 +17,7 @@ def test_a_wrong_size_names_height_then_width(tmp_path, height, width):
     path = tmp_path / "digit.png"
     path.write_bytes(tf.io.encode_png(np.zeros([height, width, 1], np.uint8)).numpy())
     with pytest.raises(TrainerError) as error:
-        predict.read_png(str(path))
+        serving.read_png(str(path))
     assert str(error.value) == (f"{path}: image is {height}x{width} (height x width), "
                                 "expected 28x28")
 
@@ -28,7 +28,7 @@ def test_a_28x28_png_is_read():
     path = "ram://predict_png/digit.png"
     with tf.io.gfile.GFile(path, "wb") as f:
         f.write(blob)
-    np.testing.assert_array_equal(predict.read_png(path), image)
+    np.testing.assert_array_equal(serving.read_png(path), image)
 
 
 def _png(pixels: np.ndarray) -> bytes:
@@ -47,7 +47,7 @@ def test_a_png_that_is_not_8_bit_grayscale_is_refused_naming_its_mode(tmp_path, 
     path = tmp_path / "digit.png"
     path.write_bytes(_png(pixels))
     with pytest.raises(TrainerError) as error:
-        predict.read_png(str(path))
+        serving.read_png(str(path))
     assert str(error.value) == f"{path}: PNG mode {mode}; expected grayscale of at most 8 bits"
     assert error.value.exit_status == 2
 
@@ -70,11 +70,11 @@ def test_a_palette_png_is_refused(tmp_path):
     path = tmp_path / "digit.png"
     path.write_bytes(_raw_png([bytes(28)] * 28, 8, 3, _chunk(b"PLTE", bytes(3))))
     with pytest.raises(TrainerError, match=r"digit.png: PNG mode palette, 8 bits per sample"):
-        predict.read_png(str(path))
+        serving.read_png(str(path))
 
 
 def test_a_1_bit_grayscale_png_reads_as_0_and_255(tmp_path):
     bits = np.arange(28 * 28).reshape(28, 28) % 3 == 0
     path = tmp_path / "digit.png"
     path.write_bytes(_raw_png([np.packbits(row).tobytes() for row in bits], 1, 0))
-    np.testing.assert_array_equal(predict.read_png(str(path))[..., 0], bits * np.uint8(255))
+    np.testing.assert_array_equal(serving.read_png(str(path))[..., 0], bits * np.uint8(255))

@@ -133,11 +133,11 @@ def test_predict_refuses_a_fifo_before_opening_it(tmp_path, export_like):
 
 
 def test_predict_reads_no_fifo_in_process(tmp_path):
-    from trainer import predict
+    from trainer import serving
     from trainer.errors import TrainerError
     fifo = tmp_path / "digit.png"
     os.mkfifo(fifo)
-    for read in (predict.read_png, predict.read_image):
+    for read in (serving.read_png, serving.read_image):
         with pytest.raises(TrainerError, match="a FIFO, not a regular file"):
             read(str(fifo))
 

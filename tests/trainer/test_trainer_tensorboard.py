@@ -15,7 +15,7 @@ from tensorboard.plugins.hparams import metadata as hparams_metadata
 import mnist_contract as contract
 from tests import trainer_data
 from tests.helpers import run_results_script
-from trainer import __main__ as cli, predict
+from trainer import __main__ as cli, serving
 from trainer.loop import images
 
 pytestmark = pytest.mark.slow
@@ -64,11 +64,11 @@ def tensor_at(acc, tag: str, step: int) -> np.ndarray:
 
 def export_predictions(dataset: str, model_dir: str):
     """(indices, labels, classes) of the export on the test split, in file order."""
-    signature = predict.load_signature(model_dir)
-    batches = list(predict.split_batches(dataset, "test", None))
+    signature = serving.load_signature(model_dir)
+    batches = list(serving.split_batches(dataset, "test", None))
     indices, labels = (np.concatenate([b[k] for b in batches])
                        for k in (contract.INDEX_KEY, contract.LABEL_KEY))
-    classes = np.concatenate([predict.predict(signature, b[contract.IMAGE_KEY])[0]
+    classes = np.concatenate([serving.predict(signature, b[contract.IMAGE_KEY])[0]
                               for b in batches])
     return indices, labels, classes
 

@@ -1,4 +1,4 @@
-"""What ``launch_tpu_vm.py run`` does next, from what it sees.
+"""What ``mnist-launch-tpu run`` does next, from what it sees.
 
 `decide` is the whole policy of a spot run, a pure function of the VM's
 state (``gcloud ... describe``), the trainer's state on it (the status

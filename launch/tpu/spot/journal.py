@@ -1,4 +1,4 @@
-"""The ``--events`` file of ``launch_tpu_vm.py run``: the run's journal.
+"""The ``--events`` file of ``mnist-launch-tpu run``: the run's journal.
 
 `Journal.open` reads and checks the whole file before the launcher touches
 the cloud, and holds it locked (``flock``) until the launcher exits, so two

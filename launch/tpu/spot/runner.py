@@ -1,4 +1,4 @@
-"""``launch_tpu_vm.py run``: a spot TPU run from start to result, through preemptions.
+"""``mnist-launch-tpu run``: a spot TPU run from start to result, through preemptions.
 
 A loop in the manner of Orbit's controller: observe (`RunObserves._observe`: the
 VM's state, and the trainer's over ssh when the VM is READY), ask

@@ -1,5 +1,5 @@
 """What the spot-run tests share: a fake cloud on PATH, a small dataset in the
-local GCS server's bucket, ``launch_tpu_vm.py run`` started as a user starts
+local GCS server's bucket, ``python -m launch.tpu run`` started as a user starts
 it, and `Chaos`, which preempts the run's VMs on a schedule.
 
 Everything is real but the cloud: the launcher's own commands set up each
@@ -26,10 +26,9 @@ from pathlib import Path
 
 from tests.helpers import EMULATOR_BUCKET, REPO
 from tests.launch.fake_cloud import FakeCloud
-from tests.launch.helpers import write_fake_gcloud
+from tests.launch.helpers import program, write_fake_gcloud
 from tests.gcs_tls import CLIENT_GONE, read_log, traceback_end
 
-SCRIPTS = REPO / "scripts"
 NAME = "spot-tpu"
 # The smoke preset's small model on 360 digits: 22 steps an epoch, a
 # checkpoint every 6 steps; with --seed a resume is bit-identical.
@@ -102,7 +101,7 @@ class World:
 
     def start(self, argv: list[str]) -> subprocess.Popen:
         """The launcher in a session of its own (Ctrl-C goes to its group)."""
-        return subprocess.Popen([sys.executable, str(SCRIPTS / "launch_tpu_vm.py"), *argv],
+        return subprocess.Popen(program("launch.tpu", *argv),
                                 cwd=REPO, env=self.env, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, start_new_session=True)
 

@@ -1,4 +1,4 @@
-"""``launch_tpu_vm.py run --spot`` through three preemptions, against the fake cloud.
+"""``mnist-launch-tpu run --spot`` through three preemptions, against the fake cloud.
 
 The chaos run is preempted during setup, at a random step (SIGTERM: the
 trainer saves and stops within the grace period) and during a checkpoint

@@ -1,4 +1,4 @@
-"""``launch_tpu_vm.py run`` against the fake gcloud (`tests.launch.fake_gcloud`)
+"""``mnist-launch-tpu run`` against the fake gcloud (`tests.launch.fake_gcloud`)
 when the cloud's answers change nothing: a delete that exits 0 and keeps the
 VM. The run still sleeps between its tries and ends by itself."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from tests.launch.fake_cloud import FakeCloud
 from launch.tpu import commands as tc
-from tests.launch.helpers import RUN_ID, TPU_ARGS, run_script, fake_gcloud_env
+from tests.launch.helpers import RUN_ID, TPU_ARGS, run_program, fake_gcloud_env
 
 NAME = "mnist-tpu"  # TPU_ARGS's
 POLL = 0.5
@@ -35,7 +35,7 @@ def test_a_run_whose_vm_is_never_deleted_ends_by_itself_with_255(tmp_path):
     cloud.arm(kept_deletes=10_000)
     env = fake_gcloud_env(tmp_path, cloud.root)
     env.pop("STORAGE_EMULATOR_HOST", None)  # the manifest read: a warning
-    proc = run_script("launch_tpu_vm.py", "run", *TPU_ARGS, f"--poll_seconds={POLL}",
+    proc = run_program("launch.tpu", "run", *TPU_ARGS, f"--poll_seconds={POLL}",
                       "--retry_seconds=3", "--python=false",
                       f"--dist_dir={tmp_path / 'dist'}", env=env)
     assert proc.returncode == 255, proc.stdout + proc.stderr

@@ -20,7 +20,7 @@ from launch.tpu.spot import journal as spot_journal
 from launch.tpu import commands as tc
 from launch.tpu import states as ts
 from mnist_common import storage_lock
-from tests.launch.helpers import TPU_ARGS, host_env, run_script, tpu_plan, wait_remote_exit
+from tests.launch.helpers import TPU_ARGS, host_env, run_program, tpu_plan, wait_remote_exit
 from tests.launch.spot.scripted import ScriptedCloud, loop, progress
 
 RUNNING = sd.Trainer("running")
@@ -183,7 +183,7 @@ def test_the_trainer_is_told_the_hosts_of_deleted_vms():
 
 
 def test_dry_run_shows_the_plan_of_run():
-    proc = run_script("launch_tpu_vm.py", "run", *TPU_ARGS, "--spot", "--queued",
+    proc = run_program("launch.tpu", "run", *TPU_ARGS, "--spot", "--queued",
                       "--max_recoveries=2", "--dry_run")
     assert proc.returncode == 0, proc.stderr
     verbs = [shlex.split(line)[3:5] for line in proc.stdout.splitlines()
@@ -200,7 +200,7 @@ def test_dry_run_shows_the_plan_of_run():
     ("--max_recoveries=-1", "--max_recoveries must be 0 or more"),
     ("--retry_seconds=0", "--retry_seconds must be positive")])
 def test_run_refuses_bad_flags_in_one_line(flag, message):
-    proc = run_script("launch_tpu_vm.py", "run", *TPU_ARGS, flag, "--dry_run")
+    proc = run_program("launch.tpu", "run", *TPU_ARGS, flag, "--dry_run")
     assert proc.returncode == 2 and proc.stderr == f"error: {message}\n"
 
 

@@ -1,4 +1,4 @@
-"""Each ending of ``launch_tpu_vm.py run --spot`` against the fake cloud: the
+"""Each ending of ``mnist-launch-tpu run --spot`` against the fake cloud: the
 exit status, the events, and the VMs left (none unless ``--keep``).
 
 A trainer bug is not retried; a queued resource waits for capacity;

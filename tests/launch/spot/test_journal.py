@@ -1,4 +1,4 @@
-"""The ``--events`` journal of ``launch_tpu_vm.py run``: a damaged one, another
+"""The ``--events`` journal of ``mnist-launch-tpu run``: a damaged one, another
 run's, one that cannot be written or that another launcher holds is refused
 in one line before any gcloud call; a last line cut short by a kill is
 dropped, and the next record starts on a line of its own."""
@@ -14,7 +14,7 @@ import pytest
 from launch.tpu.spot import journal as spot_journal
 from tests.helpers import read_only
 from tests.launch.fake_cloud import FakeCloud
-from tests.launch.helpers import RUN_ID, TPU_ARGS, run_script, fake_gcloud_env
+from tests.launch.helpers import RUN_ID, TPU_ARGS, run_program, fake_gcloud_env
 
 RUN = {"name": "mnist-tpu", "zone": "us-central2-b", "project": None,
        "accelerator_type": "v4-8", "model_dir": "gs://bkt/runs/1", "queued": False,
@@ -29,7 +29,7 @@ def launch(tmp_path):
 
     def launch(events):
         # Were the journal taken, the run would stop at its wheel build.
-        proc = run_script("launch_tpu_vm.py", "run", "--spot", *TPU_ARGS,
+        proc = run_program("launch.tpu", "run", "--spot", *TPU_ARGS,
                           f"--events={events}", f"--dist_dir={tmp_path / 'dist'}",
                           "--python=false", "--poll_seconds=0.1", "--retry_seconds=5",
                           env=env)

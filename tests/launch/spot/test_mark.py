@@ -1,4 +1,4 @@
-"""``launch_tpu_vm.py run`` against a VM or queued resource of its name that it
+"""``mnist-launch-tpu run`` against a VM or queued resource of its name that it
 did not create (no ``mnist-run`` label, or another run's): refused in one line,
 exit 2, with no call that reaches or changes it and nothing said on stdout. A
 name GCE would refuse never reaches gcloud, and an event is one line whatever
@@ -14,7 +14,7 @@ import pytest
 from launch.tpu.spot import events as spot_events
 from launch.tpu import commands as tc
 from tests.launch.fake_cloud import FakeCloud
-from tests.launch.helpers import run_script, fake_gcloud_env
+from tests.launch.helpers import run_program, fake_gcloud_env
 
 NAME = "shared-vm"
 
@@ -61,7 +61,7 @@ def verbs(cloud: FakeCloud) -> set[str]:
 def test_run_refuses_a_vm_of_its_name_that_it_did_not_create(tmp_path, cloud, env, labels,
                                                              seen, status):
     finished_vm(cloud, labels, status)
-    proc = run_script("launch_tpu_vm.py", *run_argv(tmp_path), env=env)
+    proc = run_program("launch.tpu", *run_argv(tmp_path), env=env)
     assert (proc.returncode, proc.stdout) == (2, ""), proc.stdout + proc.stderr
     [line] = proc.stderr.splitlines()
     assert line.startswith(f"error: {NAME} in us-central2-b: a VM this launch did not "
@@ -82,7 +82,7 @@ def test_run_refuses_a_queued_resource_of_its_name_that_it_did_not_create(tmp_pa
     with cloud.locked():
         cloud.new_vm(NAME)
         cloud.set_state(NAME, "READY")
-    proc = run_script("launch_tpu_vm.py", *run_argv(tmp_path, "--queued"), env=env)
+    proc = run_program("launch.tpu", *run_argv(tmp_path, "--queued"), env=env)
     assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
     assert proc.stderr.startswith(f"error: {NAME} in us-central2-b: a queued resource this "
                                   f"launch did not create (label {tc.MARK_KEY}: no such label")
@@ -97,7 +97,7 @@ def test_run_takes_up_its_own_vm_with_the_run_id_of_its_journal(tmp_path, cloud,
            "accelerator_type": "v4-8", "model_dir": "gs://b/runs/NEW", "queued": False,
            "run_id": "run-7"}
     (tmp_path / "events.jsonl").write_text(json.dumps({"event": "started", "run": run}) + "\n")
-    proc = run_script("launch_tpu_vm.py", *run_argv(tmp_path), env=env)
+    proc = run_program("launch.tpu", *run_argv(tmp_path), env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "finished: shared-vm: the trainer exited 0" in proc.stdout
     assert cloud.vms() == {}
@@ -106,7 +106,7 @@ def test_run_takes_up_its_own_vm_with_the_run_id_of_its_journal(tmp_path, cloud,
 @pytest.mark.parametrize("name", ["vm\n2026-12-07T00:00:00Z finished: vm: the trainer "
                                   "exited 0", "Shared-VM", "vm-", "v" * 64, "9vm"])
 def test_run_refuses_a_name_gce_would_refuse_before_any_call(tmp_path, cloud, env, name):
-    proc = run_script("launch_tpu_vm.py", *run_argv(tmp_path, name=name), env=env)
+    proc = run_program("launch.tpu", *run_argv(tmp_path, name=name), env=env)
     assert (proc.returncode, proc.stdout) == (2, "")
     assert proc.stderr == (f"error: --name {name!r} is not a TPU VM name: a lowercase "
                            "letter, then lowercase letters, digits or -, not ending in -, "

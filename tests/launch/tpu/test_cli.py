@@ -1,4 +1,4 @@
-"""Checks of scripts/launch_tpu_vm.py, offline.
+"""Checks of the TPU VM launcher (`launch.tpu`), offline.
 
 Nothing here talks to Google Cloud. The commands are read as argv lists; the
 shell scripts the launcher sends to the TPU hosts run here in bash, against a
@@ -33,9 +33,8 @@ from mnist_common import console
 from tests.helpers import REPO
 from tests.launch.helpers import (PYPROJECT, RUN_ID, RUNNING, TPU_ARGS, WHEEL, FakeHost, as_planned,
                                   clean_env, fake_program, flag_values, host_env, release_trainer,
-                                  described, remote_state, run_remote, run_script, status_line,
-                                  tpu_plan,
-                                  wait_remote_exit, wait_with)
+                                  described, program, remote_state, run_remote, run_program,
+                                  status_line, tpu_plan, wait_remote_exit, wait_with)
 
 POD_ARGS = [a for a in TPU_ARGS if not a.startswith("--accelerator_type")] + [
     "--accelerator_type=v4-32", "--runtime_version=tpu-vm-tf-2.19.0-pod-pjrt"]
@@ -412,8 +411,8 @@ if any({tc.STATUS_PREFIX!r} in a for a in sys.argv):
 wheel_dir = pathlib.Path(sys.argv[sys.argv.index("--wheel-dir") + 1])
 (wheel_dir / {WHEEL!r}).write_text("wheel")
 """)
-    for program in (gcloud, python):
-        program.chmod(0o755)
+    for stand_in in (gcloud, python):
+        stand_in.chmod(0o755)
     env = clean_env(PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     return env, log, python
 
@@ -433,10 +432,10 @@ def test_execute_runs_exactly_what_dry_run_prints(tmp_path, step, extra):
     env, log, python = fake_cloud(tmp_path)
     argv = [step, *TPU_ARGS, *extra, f"--python={python}",
             f"--dist_dir={tmp_path / 'dist'}", "--poll_seconds=0"]
-    dry = run_script("launch_tpu_vm.py", *argv, "--dry_run", env=env)
+    dry = run_program("launch.tpu", *argv, "--dry_run", env=env)
     assert dry.returncode == 0, dry.stderr
     assert not log.exists() and not (tmp_path / "dist").exists()
-    real = run_script("launch_tpu_vm.py", *argv, env=env)
+    real = run_program("launch.tpu", *argv, env=env)
     assert real.returncode == 0, real.stderr
     assert dry.stdout.strip()
     assert as_planned(log.read_text()) == dry.stdout
@@ -469,9 +468,9 @@ def test_execute_repeats_only_the_status_check_while_training(tmp_path):
     env, log, python = fake_cloud(tmp_path, running_polls=2, train_exit=0)
     argv = ["all", *TPU_ARGS, "--delete_after", f"--python={python}",
             f"--dist_dir={tmp_path / 'dist'}", "--poll_seconds=0"]
-    dry = run_script("launch_tpu_vm.py", *argv, "--dry_run", env=env)
+    dry = run_program("launch.tpu", *argv, "--dry_run", env=env)
     assert "the status command repeats every 0 s" in dry.stderr
-    real = run_script("launch_tpu_vm.py", *argv, env=env)
+    real = run_program("launch.tpu", *argv, env=env)
     assert real.returncode == 0, real.stderr
     planned = dry.stdout.splitlines()
     status = planned[-3]  # then the describe and delete of --delete_after
@@ -483,7 +482,7 @@ def test_execute_repeats_only_the_status_check_while_training(tmp_path):
 def train_stderr(tmp_path: Path, base: list[str], manifest: str | None) -> str:
     """The train step, run against a fake gcloud: its stderr (the trainer started)."""
     env, log, _ = fake_cloud(tmp_path, manifest=manifest)
-    proc = run_script("launch_tpu_vm.py", "train", *base, env=env)
+    proc = run_program("launch.tpu", "train", *base, env=env)
     assert proc.returncode == 0, proc.stderr
     assert [verb(shlex.split(c)) for c in log.read_text().splitlines()] == [
         "describe", "storage cat", "ssh"]
@@ -521,7 +520,7 @@ def test_an_unreadable_manifest_is_a_warning_and_training_starts(tmp_path, manif
 def test_tpu_all_deletes_even_when_training_fails(tmp_path):
     """A real wheel build; the trainer on the host exits with 3."""
     env, log, _ = fake_cloud(tmp_path, running_polls=1, train_exit=3)
-    proc = run_script("launch_tpu_vm.py", "all", *TPU_ARGS, "--delete_after",
+    proc = run_program("launch.tpu", "all", *TPU_ARGS, "--delete_after",
                       f"--dist_dir={tmp_path / 'd'}", "--no_build_isolation",
                       "--poll_seconds=0", env=env)
     assert proc.returncode == 3, proc.stderr
@@ -542,18 +541,18 @@ case "$4" in scp) exit 5 ;; create) exit "${{CREATE_RC:-0}}" ;;
 """)
     argv = ["all", *TPU_ARGS, "--delete_after", f"--python={python}",
             f"--dist_dir={tmp_path / 'dist'}"]
-    proc = run_script("launch_tpu_vm.py", *argv, env=env)
+    proc = run_program("launch.tpu", *argv, env=env)
     assert proc.returncode == 5
     calls = log.read_text().splitlines()
     assert calls[0] == "create" and calls[-3:] == ["scp", "describe", "delete"]
     log.unlink()
-    proc = run_script("launch_tpu_vm.py", *argv, env=dict(env, CREATE_RC="4"))
+    proc = run_program("launch.tpu", *argv, env=dict(env, CREATE_RC="4"))
     assert proc.returncode == 4
     assert log.read_text().splitlines() == ["create"]
 
 
 def test_tpu_dry_run_subprocess_prints_gcloud_commands():
-    proc = run_script("launch_tpu_vm.py", "all", *TPU_ARGS, "--dry_run")
+    proc = run_program("launch.tpu", "all", *TPU_ARGS, "--dry_run")
     assert proc.returncode == 0, proc.stderr
     lines = [shlex.split(line) for line in proc.stdout.splitlines()]
     gcloud = [c for c in lines if c[0] == "gcloud"]
@@ -602,7 +601,7 @@ def test_tpu_config_is_settled_once_and_frozen():
 ])
 def test_tpu_missing_setting_is_a_clear_error(step, drop, message):
     args = [a for a in TPU_ARGS if not a.startswith(drop + "=")]
-    proc = run_script("launch_tpu_vm.py", step, *args, "--dry_run")
+    proc = run_program("launch.tpu", step, *args, "--dry_run")
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert len(proc.stderr.strip().splitlines()) == 1
@@ -626,7 +625,7 @@ def test_tpu_missing_setting_is_a_clear_error(step, drop, message):
 def test_tpu_invalid_setting_is_a_clear_error(step, extra, message):
     keys = {e.split("=", 1)[0] for e in extra}
     args = [a for a in TPU_ARGS if a.split("=", 1)[0] not in keys]
-    proc = run_script("launch_tpu_vm.py", step, *args, *extra, "--dry_run")
+    proc = run_program("launch.tpu", step, *args, *extra, "--dry_run")
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert len(proc.stderr.strip().splitlines()) == 1
@@ -645,7 +644,7 @@ def test_trainer_arguments_the_trainer_refuses_stop_the_launch_before_the_cloud(
     """The trainer's own parser answers here, before a TPU VM is created: the
     fake gcloud is never called."""
     env, log, python = fake_cloud(tmp_path)
-    proc = run_script("launch_tpu_vm.py", step, *TPU_ARGS, *trainer_args,
+    proc = run_program("launch.tpu", step, *TPU_ARGS, *trainer_args,
                       f"--python={python}", f"--dist_dir={tmp_path / 'd'}", env=env)
     assert proc.returncode == 2
     assert proc.stderr.splitlines() == [f"error: trainer arguments: {message}"]
@@ -661,7 +660,7 @@ def test_tpu_all_interrupted_while_waiting_still_deletes(tmp_path):
         "    import os, signal\n"
         "    os.kill(os.getppid(), signal.SIGINT)\n"
         "    polls = pathlib.Path("))
-    proc = run_script("launch_tpu_vm.py", "all", *TPU_ARGS, "--delete_after",
+    proc = run_program("launch.tpu", "all", *TPU_ARGS, "--delete_after",
                       f"--python={python}", f"--dist_dir={tmp_path / 'd'}",
                       env=env)
     assert proc.returncode == 130
@@ -674,7 +673,7 @@ def test_tpu_all_interrupted_while_waiting_still_deletes(tmp_path):
 
 
 def start_launcher(argv: list[str], env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(REPO / "scripts" / "launch_tpu_vm.py"), *argv],
+    return subprocess.Popen(program("launch.tpu", *argv),
                             cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
 
 
@@ -733,7 +732,7 @@ def test_all_stopped_by_sighup_between_checks_deletes_the_vm(tmp_path):
 def test_setup_with_a_wheel_that_does_not_build_is_a_run_time_failure(tmp_path):
     env, log, _ = fake_cloud(tmp_path)
     python = fake_program(tmp_path / "failing-python", "exit 3\n")
-    proc = run_script("launch_tpu_vm.py", "setup", *TPU_ARGS, f"--python={python}",
+    proc = run_program("launch.tpu", "setup", *TPU_ARGS, f"--python={python}",
                       f"--dist_dir={tmp_path / 'd'}", env=env)
     assert proc.returncode == 1
     assert proc.stderr.splitlines()[-1] == "error: building the project wheel failed (exit 3)"

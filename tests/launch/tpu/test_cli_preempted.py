@@ -1,4 +1,4 @@
-"""``launch_tpu_vm.py wait`` names a trainer stopped by a signal: preempted, rerun to resume."""
+"""``mnist-launch-tpu wait`` names a trainer stopped by a signal: preempted, rerun to resume."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The gcloud version check of ``launch_tpu_vm.py``: a step or run whose
+"""The gcloud version check of ``mnist-launch-tpu``: a step or run whose
 commands use ``--spot`` (gcloud 464 and newer) or ``queued-resources`` (467
 and newer) asks ``gcloud version`` once, before anything is created, and an
 older SDK ends it in one line; ``--dry_run`` needs no gcloud at all."""
@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from tests.launch.fake_cloud import FakeCloud
-from tests.launch.helpers import TPU_ARGS, run_script, fake_gcloud_env
+from tests.launch.helpers import TPU_ARGS, run_program, fake_gcloud_env
 
 VERSION_CALL = ["version", "--format=json"]
 
@@ -22,7 +22,7 @@ def gcloud(tmp_path):
     def launch(step, *flags, version="548.0.0"):
         env = fake_gcloud_env(tmp_path, cloud.root, FAKE_GCLOUD_VERSION=version)
         env.pop("STORAGE_EMULATOR_HOST", None)
-        return run_script("launch_tpu_vm.py", step, *TPU_ARGS, *flags, "--python=false",
+        return run_program("launch.tpu", step, *TPU_ARGS, *flags, "--python=false",
                           f"--dist_dir={tmp_path / 'dist'}", "--retry_seconds=5", env=env)
     return launch, cloud
 
@@ -63,7 +63,7 @@ def test_a_step_without_spot_or_queued_does_not_ask_the_version(gcloud):
 
 
 def test_dry_run_needs_no_gcloud(tmp_path):
-    proc = run_script("launch_tpu_vm.py", "run", *TPU_ARGS, "--spot", "--queued",
+    proc = run_program("launch.tpu", "run", *TPU_ARGS, "--spot", "--queued",
                       f"--gcloud={tmp_path / 'no-gcloud'}", "--dry_run")
     assert proc.returncode == 0, proc.stderr
     assert "queued-resources create" in proc.stdout

@@ -13,7 +13,7 @@ import pytest
 from launch.tpu import cloud as tpu_cloud
 from launch.tpu import commands as tc
 from tests.launch.fake_cloud import FakeCloud
-from tests.launch.helpers import (PYPROJECT, TPU_ARGS, flag_values, run_script,
+from tests.launch.helpers import (PYPROJECT, TPU_ARGS, flag_values, run_program,
                                   tpu_plan, fake_gcloud_env)
 
 BASE = [a for a in TPU_ARGS if not a.startswith("--run_id=")]
@@ -111,12 +111,12 @@ def test_create_labels_the_vm_and_the_queued_resource_with_the_run_id():
 
 @pytest.fixture
 def steps(tmp_path):
-    """Runs a step of ``launch_tpu_vm.py`` against the fake cloud."""
+    """Runs a step of ``python -m launch.tpu`` against the fake cloud."""
     cloud = FakeCloud(tmp_path / "cloud")
     env = fake_gcloud_env(tmp_path, cloud.root)
 
     def step(*argv):
-        return run_script("launch_tpu_vm.py", *argv, "--name=team-vm", "--zone=z-1",
+        return run_program("launch.tpu", *argv, "--name=team-vm", "--zone=z-1",
                           "--accelerator_type=v4-8", env=env)
     return step, cloud
 
