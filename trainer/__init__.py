@@ -16,9 +16,9 @@ The flow, one folder or module per step:
 Beside them: `strategy` (TPU, Mirrored, MultiWorker, default), `cluster`
 (a ``TF_CONFIG`` cluster's start with a deadline), `errors`
 (`TrainerError`: one line, no traceback), `check_flags` (the trainer's
-flags checked without TensorFlow, for ``scripts/check_trainer_flags.py``)
-and `_compat` (every private TensorFlow internal the trainer relies on or
-works around, TensorFlow's malloc tuning included).
+flags checked without TensorFlow, for ``scripts/check_trainer_flags.py``),
+`_compat` (every private TensorFlow internal the trainer relies on) and
+`malloc` (glibc's thresholds, which TensorFlow fixes, set back).
 
 Keras flavour: this package uses tf-keras (Keras 2), imported explicitly as
 ``import tf_keras as keras``, and sets ``TF_USE_LEGACY_KERAS=1`` before

@@ -26,7 +26,7 @@ import tensorflow as tf
 import tf_keras
 
 from mnist_contract import join_path
-from trainer import _compat, strategy as strategy_lib
+from trainer import malloc, strategy as strategy_lib
 from trainer.config import TrainConfig
 from trainer.data import input_pipeline
 from trainer.errors import TrainerError, TrainerInputError, os_reason, summarize_error
@@ -61,7 +61,7 @@ def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict
     if not isinstance(run.strategy, tf.distribute.TPUStrategy):
         # Not on a TPU: connected to a TPU Node, eager ops run on its remote
         # worker, where the Python generator the restore runs cannot.
-        _compat.restore_malloc_thresholds()
+        malloc.restore_malloc_thresholds()
     if config.seed is not None:
         # Initial weights (and Python/NumPy randomness); the input order is
         # seeded in `trainer.data.input_pipeline`.
