@@ -39,8 +39,8 @@ import tensorflow as tf
 
 from mnist_common import local_paths
 from mnist_contract import join_path
-from trainer import strategy as strategy_lib
 from trainer.errors import TrainerError, TrainerInputError, summarize_error
+from trainer.strategy import Distribution
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +60,10 @@ class Role:
     scratch: str = ""  # a non-chief's folder under model_dir: workertemp_<type>_<id>
 
     @classmethod
-    def of(cls, strategy: tf.distribute.Strategy) -> "Role":
-        if strategy_lib.is_chief(strategy):
+    def of(cls, distribution: Distribution) -> "Role":
+        if distribution.chief:
             return cls()
-        resolver = strategy.cluster_resolver
+        resolver = distribution.strategy.cluster_resolver
         return cls(chief=False, scratch=f"workertemp_{resolver.task_type}_{resolver.task_id}")
 
     def write_dir(self, model_dir: str, sub: str) -> str:

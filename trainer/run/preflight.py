@@ -2,7 +2,8 @@
 
 In order: ``--model_dir`` is not a file nor the data's folder; the manifest reads and each
 split's files exist with their sizes; the strategy comes up (a CPU split or
-a multi-worker strategy must be set up before any other TensorFlow work);
+a multi-worker strategy must be set up before any other TensorFlow work)
+and answers once what the run asks of it (`trainer.strategy.Distribution`);
 the records' format matches the manifest; the batch divides among the
 replicas; XLA is available if asked for; the run is long enough (its numbers,
 derived once: `trainer.run.plan.Plan`); Keras callbacks come with the Keras
@@ -16,8 +17,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 from typing import Sequence
-
-import tensorflow as tf
 
 import mnist_contract as contract
 from trainer import strategy as strategy_lib
@@ -38,7 +37,7 @@ class Run:
     """What the parts of one run share, settled before it writes anything."""
 
     config: TrainConfig
-    strategy: tf.distribute.Strategy
+    distribution: strategy_lib.Distribution  # the strategy and its answers
     role: outputs.Role
     train_files: SplitFiles
     test_files: SplitFiles
@@ -49,7 +48,7 @@ class Run:
 
 
 def preflight(config: TrainConfig, callbacks: Sequence = ()) -> Run:
-    """Checks the run once (see the module's docstring); makes ``--model_dir``."""
+    """Checks the run once, in the module docstring's order; makes ``--model_dir``."""
     outputs.check_model_dir(config.model_dir, config.data)
     manifest, raw = read_manifest(config.data)
     pin = DatasetPin.of(config.data, manifest, raw)
@@ -57,30 +56,22 @@ def preflight(config: TrainConfig, callbacks: Sequence = ()) -> Run:
     test_files = split_files(config.data, manifest, "test")
     strategy = strategy_lib.make_strategy(config.strategy, config.tpu, config.cpu_replicas,
                                           config.cluster_timeout)
-    plan = _check_inputs(config, strategy, train_files, test_files)
-    if config.loop == "custom" and callbacks:
-        raise TrainerInputError("Keras callbacks need --loop=keras")
-    outputs.make_model_dir(config.model_dir)
-    return Run(config, strategy, outputs.Role.of(strategy), train_files, test_files, plan,
-               settings_of(ModelSpec, config), settings_of(InputSettings, config), pin)
-
-
-def _check_inputs(config: TrainConfig, strategy: tf.distribute.Strategy,
-                  train_files: SplitFiles, test_files: SplitFiles) -> Plan:
-    """Checks the records' format, the batch split and the run's length; logs
-    the run's shape, its `Plan`."""
+    distribution = strategy_lib.Distribution.of(strategy, jit_compile=config.jit_compile)
     manifest_path = contract.join_path(config.data, contract.MANIFEST_FILE)
     for split in (train_files, test_files):
         checks.check_image_format(split.files[0], split.image_format,
                                   split.compression_type, manifest_path)
-    plan = plan_run(config, strategy, train_files)
-    hosts = strategy_lib.num_hosts(strategy)
+    plan = plan_run(config, distribution, train_files)
     log.info("%s; %d train / %d test examples; %d steps per epoch; global batch %d "
              "= %d per replica, %d per host (%d host(s))",
-             strategy_lib.describe(strategy), train_files.num_examples,
-             test_files.num_examples, plan.steps_per_epoch, plan.global_batch_size,
-             plan.per_replica_batch, plan.global_batch_size // hosts, hosts)
+             distribution.describe(), train_files.num_examples, test_files.num_examples,
+             plan.steps_per_epoch, plan.global_batch_size, plan.per_replica_batch,
+             plan.global_batch_size // distribution.hosts, distribution.hosts)
     if plan.ghost_batch_size:
         log.info("batch normalization in training: ghost batches of %d",
                  plan.ghost_batch_size)
-    return plan
+    if config.loop == "custom" and callbacks:
+        raise TrainerInputError("Keras callbacks need --loop=keras")
+    outputs.make_model_dir(config.model_dir)
+    return Run(config, distribution, outputs.Role.of(distribution), train_files, test_files,
+               plan, settings_of(ModelSpec, config), settings_of(InputSettings, config), pin)
