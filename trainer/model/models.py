@@ -182,12 +182,14 @@ def build(spec: ModelSpec, strategy: tf.distribute.Strategy, total_steps: int, *
     """
     warn_long_warmup(spec, warmup_steps, total_steps)
     with strategy.scope():
-        optimizer = make_optimizer(spec.learning_rate, spec.lr_schedule,
-                                   total_steps, warmup_steps,
-                                   spec.optimizer, spec.weight_decay)
+        # The layers, then their optimizer, then the loss. The dropout masks
+        # follow the optimizer's step, which the layers read only in training.
         model = build_model(spec.model, augment=spec.augment,
                             step=lambda: optimizer.iterations, dropout=spec.dropout,
                             bn_virtual_batch_size=ghost_batch_size)
+        optimizer = make_optimizer(spec.learning_rate, spec.lr_schedule,
+                                   total_steps, warmup_steps,
+                                   spec.optimizer, spec.weight_decay)
         build_optimizer(optimizer, model.trainable_variables)
         model.compile(optimizer=optimizer,
                       loss=TrainLoss(spec.label_smoothing),
