@@ -7,7 +7,7 @@ and answers once what the run asks of it (`trainer.strategy.Distribution`);
 the records' format matches the manifest; the batch divides among the
 replicas; XLA is available if asked for; the run is long enough (its numbers,
 derived once: `trainer.run.plan.Plan`); Keras callbacks come with the Keras
-loop. Only then is ``--model_dir`` created.
+loop. Only then is ``--model_dir`` created (`trainer.run.outputs.make_model_dir`).
 The answer, `Run`, says once whether this process is the chief
 (`trainer.run.outputs.Role`); nothing after it asks again.
 """
@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from typing import Sequence
+
+import tensorflow as tf
 
 import mnist_contract as contract
 from trainer import strategy as strategy_lib
@@ -24,7 +27,7 @@ from trainer.config import TrainConfig
 from trainer.data import checks
 from trainer.data.input_pipeline import InputSettings
 from trainer.data.splits import SplitFiles, read_manifest, split_files
-from trainer.errors import TrainerInputError
+from trainer.errors import TrainerError, TrainerInputError, summarize_error
 from trainer.run import outputs
 from trainer.run.dataset_pin import DatasetPin
 from trainer.run.plan import ModelSpec, Plan, plan_run, settings_of
@@ -49,7 +52,7 @@ class Run:
 
 def preflight(config: TrainConfig, callbacks: Sequence = ()) -> Run:
     """Checks the run once, in the module docstring's order; makes ``--model_dir``."""
-    outputs.check_model_dir(config.model_dir, config.data)
+    check_model_dir(config.model_dir, config.data)
     manifest, raw = read_manifest(config.data)
     pin = DatasetPin.of(config.data, manifest, raw)
     train_files = split_files(config.data, manifest, "train")
@@ -75,3 +78,40 @@ def preflight(config: TrainConfig, callbacks: Sequence = ()) -> Run:
     outputs.make_model_dir(config.model_dir)
     return Run(config, distribution, outputs.Role.of(distribution), train_files, test_files,
                plan, settings_of(ModelSpec, config), settings_of(InputSettings, config), pin)
+
+
+def check_model_dir(model_dir: str, data: str = "") -> None:
+    """``model_dir`` is a folder or does not exist yet (a file, or a symbolic link
+    to nothing, is refused), apart from ``data`` (the run's files would mix
+    with the dataset's), and what it holds under the layout's folder names
+    are folders (found before training, not at the first save)."""
+    overlap = _overlap(model_dir, data) if data else ""
+    if overlap:
+        raise TrainerInputError(f"{model_dir}: --model_dir {overlap} --data ({data}); the "
+                                "run's files would mix with the dataset's")
+    if "://" not in model_dir and os.path.islink(model_dir) and not os.path.exists(model_dir):
+        raise TrainerInputError(f"{model_dir}: --model_dir is a symbolic link to "
+                                f"{os.readlink(model_dir)}, which does not exist")
+    try:
+        if tf.io.gfile.exists(model_dir) and not tf.io.gfile.isdir(model_dir):
+            raise TrainerInputError(f"{model_dir}: --model_dir is a file, not a folder")
+        for sub in (outputs.CHECKPOINTS, outputs.LOGS):
+            path = contract.join_path(model_dir, sub)
+            if tf.io.gfile.exists(path) and not tf.io.gfile.isdir(path):
+                raise TrainerInputError(f"{path}: a file where the run keeps its {sub} "
+                                        "folder")
+    except tf.errors.OpError as e:
+        raise TrainerError(f"{model_dir}: cannot create --model_dir "
+                           f"({summarize_error(e)})") from None
+
+
+def _overlap(model_dir: str, data: str) -> str:
+    """How ``model_dir`` and ``data`` overlap ("is", "is inside", "holds"), or ""."""
+    def norm(path: str) -> str:
+        return path.rstrip("/") if "://" in path else os.path.realpath(path)
+    a, b = norm(model_dir), norm(data)
+    if a == b:
+        return "is"
+    if a.startswith(b + "/"):
+        return "is inside"
+    return "holds" if b.startswith(a + "/") else ""
