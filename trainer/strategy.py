@@ -292,6 +292,9 @@ class Distribution:
     @classmethod
     def of(cls, strategy: tf.distribute.Strategy, *, jit_compile: bool = False
            ) -> "Distribution":
+        """Asks ``strategy`` each question once, just after it is made. XLA is
+        tried only where ``--jit_compile`` asks for it; its refusal is raised
+        later, in its turn among the checks (`trainer.run.plan.plan_run`)."""
         return cls(strategy=strategy, name=public_name(strategy),
                    replicas=strategy.num_replicas_in_sync, hosts=num_hosts(strategy),
                    multi_worker=is_multi_worker(strategy), chief=is_chief(strategy),

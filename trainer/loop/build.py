@@ -2,10 +2,11 @@
 
 Each part is built from the run's values settled by `trainer.run.preflight`:
 the inner loop, the TensorBoard writers, the evaluator, the checkpoints and
-the batch-norm recalibration. The inner
-loops, and the batch-norm recalibration at the end, are handed a function
-giving their stream as it stands when they need it
-(`trainer.data.input_pipeline.train_input`, ``eval_input``).
+the batch-norm recalibration. The inner loops and the recalibration are
+handed a function giving their stream when they need it (a resumed step's
+training stream, the train split's sample at the last step:
+`trainer.data.input_pipeline.train_input`, ``eval_input``); the evaluator
+gets its stream at once.
 """
 
 from __future__ import annotations
