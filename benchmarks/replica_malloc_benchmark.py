@@ -7,7 +7,7 @@
 Runs ``python -m trainer --preset=cpu --cpu_replicas=2`` (one seed, no
 batch-norm recalibration) as two processes, alternately, ``--repeats``
 times: the trainer as it is, and a baseline whose
-`trainer._compat.restore_malloc_thresholds` is replaced by a no-op, so that
+`trainer.malloc.restore_malloc_thresholds` is replaced by a no-op, so that
 TensorFlow 2.21's ``mallopt(M_MMAP_THRESHOLD, 128 KiB)`` (applied by the
 distributed dataset's iterator) stays in force. Per run: the median
 milliseconds per step over the epochs after the first (Keras' own
@@ -51,8 +51,8 @@ _ACCURACY = re.compile(r"test_accuracy=([\d.]+)")
 FAULTS_BAR = 0.5
 
 # The baseline: the trainer command with the restore made a no-op.
-BASELINE = ("import sys; from trainer import _compat, __main__ as cli; "
-            "_compat.restore_malloc_thresholds = lambda: False; "
+BASELINE = ("import sys; from trainer import malloc, __main__ as cli; "
+            "malloc.restore_malloc_thresholds = lambda: False; "
             "sys.exit(cli.main(sys.argv[1:]))")
 
 

@@ -53,7 +53,7 @@ def check_data(data_dir: str) -> None:
 
 def check_run_paths(model_dir: str, data: str) -> None:
     """The trainer's local ``--model_dir`` and ``--data``, in the order the run
-    checks them (`trainer.run.outputs.check_model_dir`, then the data), with
+    checks them (`trainer.run.preflight.check_model_dir`, then the data), with
     the same lines."""
     if is_local(model_dir):
         _check_model_dir_layout(model_dir, data)

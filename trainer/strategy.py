@@ -14,26 +14,28 @@ tests. TensorFlow fixes its device list the first time it touches the
 runtime; after that the split cannot be changed, so a process that needs
 replicas must ask for them before doing anything else with TensorFlow (tests
 run such cases in a fresh subprocess).
+
+The run asks its strategy everything once, when it is made: `Distribution`
+holds the answers (its public name, replicas, hosts, whether it spans
+workers, whether this task is the chief, whether XLA runs under it).
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import logging
 import os
 from typing import Callable, Optional, Sequence
 
 import tensorflow as tf
 
-from mnist_common.flags import number
 from trainer import _compat, cluster
-from trainer.errors import TrainerError, TrainerInputError, summarize_error
+from trainer.errors import TrainerError, summarize_error
 
 log = logging.getLogger(__name__)
 
 # Device files present on Cloud TPU VMs (v2/v3 expose /dev/accel*, v4 and
 # later go through VFIO). Used only as a hint by strategy=auto.
-PORTS = number(int, min=1, max=65535)  # a TF_CONFIG address's port
 _TPU_DEVICE_HINTS = ("/dev/accel0", "/dev/vfio/0")
 
 
@@ -118,48 +120,6 @@ def mirrored(devices: Optional[Sequence[str]] = None) -> tf.distribute.MirroredS
     return _mirrored[key]
 
 
-def check_tf_config(raw: str) -> None:
-    """``TF_CONFIG`` names a cluster and this task in it, before TensorFlow
-    reads it (it raises a bare ValueError for a missing task, an index past
-    its type's list or a type not in the cluster, and runs a JSON list as
-    one worker, and a port out of 1..65535 overflows the socket call). Each
-    refusal is bad input (exit 2), naming TF_CONFIG."""
-    try:
-        config = json.loads(raw)
-    except json.JSONDecodeError as e:
-        raise TrainerInputError(f"TF_CONFIG is not valid JSON ({e})") from None
-    cluster = config.get("cluster") if isinstance(config, dict) else None
-    if not isinstance(cluster, dict) or not cluster or not all(
-            isinstance(hosts, list) and hosts and all(isinstance(h, str) for h in hosts)
-            for hosts in cluster.values()):
-        raise TrainerInputError('TF_CONFIG: needs {"cluster": {TYPE: ["host:port", ...]}, '
-                                '"task": {"type": TYPE, "index": N}}')
-    task = config.get("task")
-    if not isinstance(task, dict) or "type" not in task or "index" not in task:
-        raise TrainerInputError('TF_CONFIG: no "task" with a "type" and an "index" '
-                                "(which member of the cluster this process is)")
-    kind, index = task["type"], task["index"]
-    if kind not in cluster:
-        raise TrainerInputError(f"TF_CONFIG: task type {kind!r} is not in the cluster "
-                                f"({', '.join(sorted(cluster))})")
-    for address in (a for hosts in cluster.values() for a in hosts):
-        _check_port(address)
-    if not isinstance(index, int) or isinstance(index, bool) or not (
-            0 <= index < len(cluster[kind])):
-        raise TrainerInputError(f"TF_CONFIG: task index {index!r} is not one of the "
-                                f"{len(cluster[kind])} {kind!r} address(es) (0..."
-                                f"{len(cluster[kind]) - 1})")
-
-
-def _check_port(address: str) -> None:
-    """A cluster address ends ``:PORT``, PORT a `PORTS` number."""
-    try:
-        PORTS(address.rpartition(":")[2])
-    except ValueError:
-        raise TrainerInputError(f"TF_CONFIG: address {address!r}: the port must be "
-                                f"an integer {PORTS.range_text}") from None
-
-
 def make_strategy(kind: str = "auto", tpu: Optional[str] = None,
                   cpu_replicas: int = 0, cluster_timeout: float = 180.0
                   ) -> tf.distribute.Strategy:
@@ -177,33 +137,26 @@ def make_strategy(kind: str = "auto", tpu: Optional[str] = None,
         devices = split_cpu(cpu_replicas)
         log.info("MirroredStrategy over %d logical CPU devices", len(devices))
         return mirrored(devices)
+    if kind == "auto":
+        found = _auto_tpu(tpu)
+        if found is not None:
+            return found
+        kind = ("mirrored" if tf.config.list_physical_devices("GPU")
+                else "multi_worker" if os.environ.get("TF_CONFIG") else "default")
     if kind == "tpu":
         return tpu_strategy(tpu)
     if kind == "mirrored":
         return mirrored()
-    if kind == "multi_worker":
-        if not os.environ.get("TF_CONFIG"):
-            raise TrainerInputError("--strategy=multi_worker needs TF_CONFIG "
-                                    "(cluster spec and this task) in the environment")
-        check_tf_config(os.environ["TF_CONFIG"])
-        return cluster.start(os.environ["TF_CONFIG"], cluster_timeout)
     if kind == "default":
         return tf.distribute.get_strategy()
-    if kind != "auto":
+    if kind != "multi_worker":
         raise TrainerError(f"unknown strategy {kind!r}")
-
-    found = _auto_tpu(tpu)
-    if found is not None:
-        return found
-    if tf.config.list_physical_devices("GPU"):
-        return mirrored()
-    if os.environ.get("TF_CONFIG"):
-        return make_strategy("multi_worker", cluster_timeout=cluster_timeout)
-    return tf.distribute.get_strategy()
+    return cluster.start(os.environ.get("TF_CONFIG", ""), cluster_timeout)
 
 
-def check_jit_compile(strategy: tf.distribute.Strategy) -> None:
-    """Off a TPU, ``--jit_compile`` needs XLA for the local devices; one line if absent.
+def xla_missing(strategy: tf.distribute.Strategy) -> str:
+    """Why ``--jit_compile`` cannot run under ``strategy`` ("" where it can):
+    off a TPU it needs XLA for the local devices.
 
     The TPU build of TensorFlow (tensorflow-tpu) carries no XLA CPU
     backend, so off a TPU every compiled step would fail inside Keras with
@@ -211,15 +164,15 @@ def check_jit_compile(strategy: tf.distribute.Strategy) -> None:
     one-op compiled function finds that out first (about 0.1 s).
     """
     if isinstance(strategy, tf.distribute.TPUStrategy):
-        return
+        return ""
     device = "GPU" if tf.config.list_logical_devices("GPU") else "CPU"
     try:
         tf.function(lambda: tf.constant(1.0) + 1.0, jit_compile=True)()
     except tf.errors.OpError as e:
-        raise TrainerError(
-            f"--jit_compile=true off a TPU: this TensorFlow build has no XLA "
-            f"{device} backend ({summarize_error(e)}); drop --jit_compile or "
-            "run on a TPU") from None
+        return (f"--jit_compile=true off a TPU: this TensorFlow build has no XLA "
+                f"{device} backend ({summarize_error(e)}); drop --jit_compile or "
+                "run on a TPU")
+    return ""
 
 
 def _auto_tpu(tpu: Optional[str]) -> Optional[tf.distribute.TPUStrategy]:
@@ -321,5 +274,33 @@ def num_hosts(strategy: tf.distribute.Strategy) -> int:
     return 1
 
 
-def describe(strategy: tf.distribute.Strategy) -> str:
-    return f"{public_name(strategy)} with {strategy.num_replicas_in_sync} replica(s)"
+@dataclasses.dataclass(frozen=True)
+class Distribution:
+    """The run's strategy and every answer the run needs from it, asked once
+    (`Distribution.of`): the parts read these instead of asking again."""
+
+    strategy: tf.distribute.Strategy
+    name: str  # `public_name`
+    replicas: int
+    hosts: int  # `num_hosts`: one input pipeline each
+    multi_worker: bool  # `is_multi_worker`
+    chief: bool  # `is_chief`
+    tpu: bool
+    share: Optional[Callable[[Sequence[float]], list[float]]]  # `sum_over_replicas`
+    no_xla: str  # `xla_missing` where --jit_compile is asked for, else ""
+
+    @classmethod
+    def of(cls, strategy: tf.distribute.Strategy, *, jit_compile: bool = False
+           ) -> "Distribution":
+        """Asks ``strategy`` each question once, just after it is made. XLA is
+        tried only where ``--jit_compile`` asks for it; its refusal is raised
+        later, in its turn among the checks (`trainer.run.plan.plan_run`)."""
+        return cls(strategy=strategy, name=public_name(strategy),
+                   replicas=strategy.num_replicas_in_sync, hosts=num_hosts(strategy),
+                   multi_worker=is_multi_worker(strategy), chief=is_chief(strategy),
+                   tpu=isinstance(strategy, tf.distribute.TPUStrategy),
+                   share=sum_over_replicas(strategy),
+                   no_xla=xla_missing(strategy) if jit_compile else "")
+
+    def describe(self) -> str:
+        return f"{self.name} with {self.replicas} replica(s)"

@@ -27,7 +27,7 @@ import tf_keras
 
 from mnist_common.stop import deferred
 from mnist_contract import join_path
-from trainer import _compat, strategy as strategy_lib
+from trainer import malloc
 from trainer.config import TrainConfig
 from trainer.data import input_pipeline
 from trainer.errors import TrainerError, TrainerInputError, os_reason, summarize_error
@@ -59,10 +59,10 @@ def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict
     ``callbacks`` are extra Keras callbacks (Keras loop only).
     """
     run = preflight(config, callbacks)
-    if not isinstance(run.strategy, tf.distribute.TPUStrategy):
+    if not run.distribution.tpu:
         # Not on a TPU: connected to a TPU Node, eager ops run on its remote
         # worker, where the Python generator the restore runs cannot.
-        _compat.restore_malloc_thresholds()
+        malloc.restore_malloc_thresholds()
     if config.seed is not None:
         # Initial weights (and Python/NumPy randomness); the input order is
         # seeded in `trainer.data.input_pipeline`.
@@ -71,8 +71,8 @@ def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict
         with _marked_as_training(), _training_errors(run), \
                 models.precision(config.mixed_precision):
             plan = run.plan
-            model, optimizer = models.build(run.model_spec, run.strategy, plan.total_steps,
-                                            warmup_steps=plan.warmup_steps,
+            model, optimizer = models.build(run.model_spec, run.distribution.strategy,
+                                            plan.total_steps, warmup_steps=plan.warmup_steps,
                                             ghost_batch_size=plan.ghost_batch_size)
             result = build_controller(run, model, optimizer, claim, callbacks).run()
             staged = _export(run, model, claim)
@@ -92,7 +92,7 @@ def _holding_model_dir(run: Run) -> Iterator[Claim]:
     restore has passed its checks too (`trainer.run.claim`). Other workers
     hold nothing."""
     if not run.role.chief:
-        yield Claim(run.config.model_dir, None, run.pin)
+        yield Claim()
         return
     config = run.config
     with deferred():  # a signal that ends the process releases it too
@@ -130,7 +130,7 @@ def _metrics(run: Run, result: dict, run_id: str) -> dict:
     return {
         "preset": config.preset,
         "loop": config.loop,
-        "strategy": strategy_lib.public_name(run.strategy),
+        "strategy": run.distribution.name,
         "replicas": plan.replicas,
         "global_batch_size": plan.global_batch_size,
         "epochs": plan.epochs,
@@ -185,7 +185,7 @@ def _training_errors(run: Run) -> Iterator[None]:
         raise _bad_data_error(e, run) from None
     except (tf.errors.UnavailableError, tf.errors.AbortedError,
             tf.errors.CancelledError) as e:
-        if not strategy_lib.is_multi_worker(run.strategy):
+        if not run.distribution.multi_worker:
             raise
         # A peer that failed (e.g. on a corrupt shard of its own) closes its
         # end; the collectives here abort instead of waiting for it forever.

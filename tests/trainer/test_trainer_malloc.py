@@ -1,4 +1,4 @@
-"""Buffers of a multi-device run reuse heap memory (`trainer._compat.restore_malloc_thresholds`).
+"""Buffers of a multi-device run reuse heap memory (`trainer.malloc.restore_malloc_thresholds`).
 
 Checked in a fresh interpreter (malloc's thresholds belong to the process)
 by where glibc puts a 16 MiB buffer: mapped afresh (its own mmap, unmapped
@@ -52,7 +52,7 @@ RESTORE = textwrap.dedent("""
     import json
     import trainer
     import tensorflow as tf
-    from trainer import _compat, strategy as strategy_lib
+    from trainer import malloc, strategy as strategy_lib
 """) + MAPPED + textwrap.dedent("""
     untouched = mapped()
     strategy = strategy_lib.mirrored(strategy_lib.split_cpu(2))
@@ -60,7 +60,7 @@ RESTORE = textwrap.dedent("""
         lambda ctx: tf.data.Dataset.range(8).batch(2))
     next(iter(data))  # its per-device iterator's GeneratorDataset kernel
     distributed = mapped()
-    restored = _compat.restore_malloc_thresholds()
+    restored = malloc.restore_malloc_thresholds()
     after = mapped()
     print("RESULTS", json.dumps(dict(tf_version=tf.__version__, untouched=untouched,
                                      distributed=distributed, restored=restored,

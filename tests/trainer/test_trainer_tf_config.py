@@ -22,7 +22,7 @@ import pytest
 
 from tests.helpers import REPO
 from tests.trainer.trainer_runs import free_ports
-from trainer import strategy as strategy_lib
+from trainer import cluster
 from trainer.__main__ import main
 
 CLUSTER = '"cluster": {"worker": ["localhost:12345"]}'
@@ -71,7 +71,7 @@ def test_multi_worker_without_tf_config_is_bad_input(trainer_dataset, tmp_path, 
 
 
 def test_a_well_formed_tf_config_passes_the_check():
-    strategy_lib.check_tf_config(
+    cluster.check_tf_config(
         '{"cluster": {"chief": ["a:1"], "worker": ["b:1", "c:1"]},'
         ' "task": {"type": "worker", "index": 1}}')
 

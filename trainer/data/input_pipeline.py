@@ -412,12 +412,13 @@ def eval_input(strategy: tf.distribute.Strategy, split: SplitFiles,
     steps = set()
 
     def dataset_fn(ctx: tf.distribute.InputContext) -> tf.data.Dataset:
-        if settings.verify_checksums:
-            verify_pipeline_files(split, ctx)
         steps.add(eval_steps(split.counts, settings.global_batch_size,
                              ctx.num_replicas_in_sync, ctx.num_input_pipelines))
-        return _finish(eval_dataset(split, settings.global_batch_size, ctx,
-                                    cache=settings.cache), postprocess)
+        dataset = _finish(eval_dataset(split, settings.global_batch_size, ctx,
+                                       cache=settings.cache), postprocess)
+        if settings.verify_checksums:  # the dataset has read nothing yet
+            verify_pipeline_files(split, ctx)
+        return dataset
     dataset = strategy.distribute_datasets_from_function(dataset_fn)
     (count,) = steps
     return dataset, count

@@ -20,13 +20,41 @@ rerun: a resumed run recomputes the same statistics.
 from __future__ import annotations
 
 import math
-from typing import Callable
+import time
+from typing import Any, Callable
 
 import tensorflow as tf
 import tf_keras as keras
 
 import mnist_contract as contract
 from trainer.data import input_pipeline
+
+
+def recalibration(strategy: tf.distribute.Strategy, model: keras.Model,
+                  sample: Callable[[], tuple[Any, int]], examples: int,
+                  global_batch_size: int, available: int) -> Callable[[], None]:
+    """The pass that recomputes ``model``'s batch-norm statistics over the
+    first ``examples`` (``--bn_recalibration_examples``) of the ``available``
+    train examples, and says so in one line; nothing without batch-norm
+    layers or with 0 examples.
+
+    ``sample()`` gives the eval stream over the train split and its steps per
+    pass, built when the pass runs (at the last step), not before.
+    """
+    layers = batch_norm_layers(model)
+    if not (layers and examples):
+        return lambda: None
+
+    def recalibrate():
+        start = time.perf_counter()
+        dataset, per_pass = sample()
+        steps = recalibration_steps(examples, global_batch_size, per_pass)
+        Recalibrator(strategy, model, dataset, steps)()
+        seen = min(steps * global_batch_size, available)
+        print(f"batch norm: statistics of {len(layers)} layers recomputed over "
+              f"{seen} train examples in {time.perf_counter() - start:.1f} s",
+              flush=True)
+    return recalibrate
 
 
 def batch_norm_layers(model: keras.Model) -> list[keras.layers.BatchNormalization]:

@@ -84,27 +84,18 @@ def _guide_layers(name: str) -> list[keras.layers.Layer]:
     ]
 
 
-def _convnet_layers(step: Optional[Callable[[], tf.Tensor]],
-                    dropout: float) -> list[keras.layers.Layer]:
-    """The classic Keras MNIST convnet (conv 32, pool, conv 64, pool, dropout)
-    with a dense layer of 128 before the classifier: 0.23M parameters. The
-    dropout masks follow the step (`trainer.model.dropout`)."""
+def _convnet_features() -> list[keras.layers.Layer]:
+    """The classic Keras MNIST convnet's features (conv 32, pool, conv 64, pool);
+    with `_dropout_classifier`: 0.23M parameters."""
     return [
         keras.layers.Conv2D(32, 3, activation="relu"), keras.layers.MaxPooling2D(),
         keras.layers.Conv2D(64, 3, activation="relu"), keras.layers.MaxPooling2D(),
-        keras.layers.Flatten(),
-        StepDropout(dropout, step=step),
-        keras.layers.Dense(128, activation="relu"),
-        StepDropout(dropout, step=step),
-        keras.layers.Dense(contract.NUM_CLASSES, dtype="float32", name="logits"),
     ]
 
 
-def _convnet_bn_layers(step: Optional[Callable[[], tf.Tensor]],
-                       dropout: float,
-                       virtual_batch_size: Optional[int] = None) -> list[keras.layers.Layer]:
-    """Two pairs of 3x3 convs (32, 64) with batch normalization, each pair
-    pooled, then a dense layer of 128 before the classifier.
+def _convnet_bn_features(virtual_batch_size: Optional[int] = None
+                         ) -> list[keras.layers.Layer]:
+    """Two pairs of 3x3 convs (32, 64) with batch normalization, each pair pooled.
 
     The moving statistics' momentum is 0.9, not Keras' 0.99: with 0.99 they
     still carry ~40% of their initial values after 93 steps, and a 3-epoch
@@ -121,9 +112,15 @@ def _convnet_bn_layers(step: Optional[Callable[[], tf.Tensor]],
                 keras.layers.BatchNormalization(momentum=0.9,
                                                 virtual_batch_size=virtual_batch_size),
                 keras.layers.ReLU()]
+    return [*conv(32), *conv(32), keras.layers.MaxPooling2D(),
+            *conv(64), *conv(64), keras.layers.MaxPooling2D()]
+
+
+def _dropout_classifier(step: Optional[Callable[[], tf.Tensor]],
+                        dropout: float) -> list[keras.layers.Layer]:
+    """The convnets' classifier: dropout, a dense layer of 128, dropout, the
+    logits. The dropout masks follow the step (`trainer.model.dropout`)."""
     return [
-        *conv(32), *conv(32), keras.layers.MaxPooling2D(),
-        *conv(64), *conv(64), keras.layers.MaxPooling2D(),
         keras.layers.Flatten(),
         StepDropout(dropout, step=step),
         keras.layers.Dense(128, activation="relu"),
@@ -147,12 +144,12 @@ def build_model(name: str = "small", *, augment: bool = False,
     """
     if name not in MODELS:
         raise TrainerError(f"unknown --model {name!r} (have {list(MODELS)})")
-    if name == "convnet":
-        body = _convnet_layers(step, dropout)
-    elif name == "convnet_bn":
-        body = _convnet_bn_layers(step, dropout, bn_virtual_batch_size or None)
-    else:
+    if name in GUIDE_WIDTHS:
         body = _guide_layers(name)
+    else:
+        features = (_convnet_bn_features(bn_virtual_batch_size or None)
+                    if name == "convnet_bn" else _convnet_features())
+        body = features + _dropout_classifier(step, dropout)
     head = [RandomAffine(name="augment")] if augment else []
     return keras.Sequential(
         [keras.layers.Input(shape=contract.IMAGE_SHAPE, name="image"), *head, *body],
@@ -185,12 +182,14 @@ def build(spec: ModelSpec, strategy: tf.distribute.Strategy, total_steps: int, *
     """
     warn_long_warmup(spec, warmup_steps, total_steps)
     with strategy.scope():
-        optimizer = make_optimizer(spec.learning_rate, spec.lr_schedule,
-                                   total_steps, warmup_steps,
-                                   spec.optimizer, spec.weight_decay)
+        # The layers, then their optimizer, then the loss. The dropout masks
+        # follow the optimizer's step, which the layers read only in training.
         model = build_model(spec.model, augment=spec.augment,
                             step=lambda: optimizer.iterations, dropout=spec.dropout,
                             bn_virtual_batch_size=ghost_batch_size)
+        optimizer = make_optimizer(spec.learning_rate, spec.lr_schedule,
+                                   total_steps, warmup_steps,
+                                   spec.optimizer, spec.weight_decay)
         build_optimizer(optimizer, model.trainable_variables)
         model.compile(optimizer=optimizer,
                       loss=TrainLoss(spec.label_smoothing),

@@ -51,7 +51,7 @@ class RunCheckpoints:
         # What a resume must share with this run (`trainer.run.resume.saved_settings`).
         self.settings = settings
         # Accepted after the restore's checks, checked before each save (`trainer.run.claim`).
-        self.claim = claim or Claim(model_dir, None, None)
+        self.claim = claim or Claim()
         self.model, self.optimizer = model, optimizer
         self.state = tf.Variable("", dtype=tf.string, trainable=False, name=STATE_NAME)
         self.checkpoint = self._new_checkpoint()

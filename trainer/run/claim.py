@@ -34,9 +34,11 @@ from trainer.run.lock import RunLock
 
 
 class Claim:
-    """The chief's claim on ``model_dir`` (``lock`` held); None's: a non-chief's."""
+    """The chief's claim on ``model_dir`` (``lock`` held); ``Claim()``, holding
+    nothing, is a non-chief's."""
 
-    def __init__(self, model_dir: str, lock: Optional[RunLock], pin: Optional[DatasetPin]):
+    def __init__(self, model_dir: str = "", lock: Optional[RunLock] = None,
+                 pin: Optional[DatasetPin] = None):
         self.model_dir, self.lock, self.pin = model_dir, lock, pin
         self.run_id = lock.run_id if lock else "worker"
 

@@ -25,14 +25,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 
 import tensorflow as tf
 
 from mnist_common import local_paths
 from mnist_contract import join_path
-from trainer import strategy as strategy_lib
 from trainer.errors import TrainerError, TrainerInputError, summarize_error
+from trainer.strategy import Distribution
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +51,10 @@ class Role:
     scratch: str = ""  # a non-chief's folder under model_dir: workertemp_<type>_<id>
 
     @classmethod
-    def of(cls, strategy: tf.distribute.Strategy) -> "Role":
-        if strategy_lib.is_chief(strategy):
+    def of(cls, distribution: Distribution) -> "Role":
+        if distribution.chief:
             return cls()
-        resolver = strategy.cluster_resolver
+        resolver = distribution.strategy.cluster_resolver
         return cls(chief=False, scratch=f"workertemp_{resolver.task_type}_{resolver.task_id}")
 
     def write_dir(self, model_dir: str, sub: str) -> str:
@@ -179,45 +178,9 @@ def discard_partial(path: str) -> str:
         return f"; remove the partial {path}"
 
 
-def check_model_dir(model_dir: str, data: str = "") -> None:
-    """``model_dir`` is a folder or does not exist yet (a file, or a symbolic link
-    to nothing, is refused), apart from ``data`` (the run's files would mix
-    with the dataset's), and what it holds under the layout's folder names
-    are folders (found before training, not at the first save)."""
-    overlap = _overlap(model_dir, data) if data else ""
-    if overlap:
-        raise TrainerInputError(f"{model_dir}: --model_dir {overlap} --data ({data}); the "
-                                "run's files would mix with the dataset's")
-    if "://" not in model_dir and os.path.islink(model_dir) and not os.path.exists(model_dir):
-        raise TrainerInputError(f"{model_dir}: --model_dir is a symbolic link to "
-                                f"{os.readlink(model_dir)}, which does not exist")
-    try:
-        if tf.io.gfile.exists(model_dir) and not tf.io.gfile.isdir(model_dir):
-            raise TrainerInputError(f"{model_dir}: --model_dir is a file, not a folder")
-        for sub in (CHECKPOINTS, LOGS):
-            path = join_path(model_dir, sub)
-            if tf.io.gfile.exists(path) and not tf.io.gfile.isdir(path):
-                raise TrainerInputError(f"{path}: a file where the run keeps its {sub} "
-                                        "folder")
-    except tf.errors.OpError as e:
-        raise TrainerError(f"{model_dir}: cannot create --model_dir "
-                           f"({summarize_error(e)})") from None
-
-
-def _overlap(model_dir: str, data: str) -> str:
-    """How ``model_dir`` and ``data`` overlap ("is", "is inside", "holds"), or ""."""
-    def norm(path: str) -> str:
-        return path.rstrip("/") if "://" in path else os.path.realpath(path)
-    a, b = norm(model_dir), norm(data)
-    if a == b:
-        return "is"
-    if a.startswith(b + "/"):
-        return "is inside"
-    return "holds" if b.startswith(a + "/") else ""
-
-
 def make_model_dir(model_dir: str) -> None:
-    """Creates ``model_dir`` unless it exists (after `check_model_dir`)."""
+    """Creates ``model_dir`` unless it exists (after
+    `trainer.run.preflight.check_model_dir`)."""
     try:
         if not tf.io.gfile.exists(model_dir):
             _check_bucket(model_dir)

@@ -1,4 +1,5 @@
-"""The run's numbers, derived once from the flags, the strategy and the train split.
+"""The run's numbers, derived once from the flags, the strategy's answers
+(`trainer.strategy.Distribution`) and the train split.
 
 `plan_run` (called by `trainer.run.preflight`) checks the batch against the
 replicas, XLA if asked for, and the run's length against ``--profile_steps``,
@@ -13,12 +14,10 @@ from __future__ import annotations
 
 import dataclasses
 
-import tensorflow as tf
-
-from trainer import strategy as strategy_lib
 from trainer.config import TrainConfig
 from trainer.data.splits import SplitFiles
-from trainer.errors import TrainerInputError
+from trainer.errors import TrainerError, TrainerInputError
+from trainer.strategy import Distribution
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,15 +89,15 @@ def settings_of(cls: type, config: TrainConfig):
     return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
 
 
-def plan_run(config: TrainConfig, strategy: tf.distribute.Strategy,
+def plan_run(config: TrainConfig, distribution: Distribution,
              train_files: SplitFiles) -> Plan:
-    """The `Plan` of ``config`` on ``strategy``'s replicas over ``train_files``;
-    a `TrainerError` if the batch does not divide among them, XLA is asked for
-    and missing, or the run is too short."""
-    replicas = strategy.num_replicas_in_sync
+    """The `Plan` of ``config`` on the ``distribution``'s replicas over
+    ``train_files``; a `TrainerError` if the batch does not divide among them,
+    XLA is asked for and missing, or the run is too short."""
+    replicas = distribution.replicas
     check_replicas(config, replicas)
-    if config.jit_compile:
-        strategy_lib.check_jit_compile(strategy)
+    if distribution.no_xla:
+        raise TrainerError(distribution.no_xla)
     plan = Plan.of(config, replicas, steps_per_epoch(train_files, config))
     check_total_steps(config, plan.total_steps)
     return plan
