@@ -24,7 +24,7 @@ from tests.helpers import real_digits
 from trainer import predict, serving
 from trainer.config import TrainConfig
 from trainer.errors import TrainerError
-from trainer.model import augment, export, models as model_lib, optimizer as optimizer_lib
+from trainer.model import export, layers, models as model_lib, optimizer as optimizer_lib
 from trainer.run import outputs, plan as plan_lib
 
 
@@ -117,7 +117,7 @@ def test_served_normalization_is_the_pipelines_bit_for_bit(exported):
 def test_augmentation_is_inert_at_inference_and_warps_in_training():
     images, _ = real_digits(8)
     x = tf.constant(images[..., None].astype(np.float32) / 255.0)
-    layer = augment.RandomAffine(seed=1)
+    layer = layers.RandomAffine(seed=1)
     np.testing.assert_array_equal(layer(x, training=False).numpy(), x.numpy())
     warped = layer(x, training=True).numpy()
     assert warped.shape == x.shape
@@ -133,15 +133,15 @@ def test_affine_warp_geometry():
     rng = np.random.default_rng(0)
     x = tf.constant(rng.random((2, 28, 28, 1)), tf.float32)
     zeros, ones = tf.zeros([2]), tf.ones([2])
-    same = augment.affine_warp(x, zeros, ones, tf.zeros([2, 2])).numpy()
+    same = layers.affine_warp(x, zeros, ones, tf.zeros([2, 2])).numpy()
     np.testing.assert_array_equal(same, x.numpy())
     # Shift by (1, -2) pixels: content moves down 1, left 2; zeros come in.
-    shifted = augment.affine_warp(x, zeros, ones, tf.constant([[1.0, -2.0]] * 2)).numpy()
+    shifted = layers.affine_warp(x, zeros, ones, tf.constant([[1.0, -2.0]] * 2)).numpy()
     expected = np.zeros_like(x.numpy())
     expected[:, 1:, :-2] = x.numpy()[:, :-1, 2:]
     np.testing.assert_allclose(shifted, expected, atol=1e-6)
     # A quarter turn: clockwise as displayed (rows grow downwards).
-    turned = augment.affine_warp(x, tf.fill([2], math.pi / 2), ones,
+    turned = layers.affine_warp(x, tf.fill([2], math.pi / 2), ones,
                                  tf.zeros([2, 2])).numpy()
     np.testing.assert_allclose(turned, np.rot90(x.numpy(), -1, axes=(1, 2)), atol=1e-5)
 

@@ -9,7 +9,7 @@ import tf_keras as keras
 from trainer.config import TrainConfig
 from trainer.errors import TrainerError
 from trainer.model import models as model_lib
-from trainer.model.dropout import StepDropout
+from trainer.model.layers import StepDropout
 
 
 def test_models():

@@ -3,7 +3,7 @@ presets' convnet_bn (dropout, augmentation, batch normalization and its
 recalibration after the last step), stopped after one epoch and resumed, end
 with the weights and optimizer state of an uninterrupted run, in both loops.
 
-Dropout draws its masks from the step (`trainer.model.dropout`), the
+Dropout draws its masks from the step (`trainer.model.layers`), the
 augmentation from a generator the checkpoint holds; Keras' own dropout kept
 its random state in TensorFlow's kernels, which no checkpoint holds.
 """

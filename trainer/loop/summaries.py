@@ -40,7 +40,7 @@ from trainer.errors import TrainerError, os_reason
 from trainer.data import input_pipeline, splits
 from trainer.loop import images as drawing
 from trainer.loop.eval_metrics import EvalDetails
-from trainer.model.augment import RandomAffine
+from trainer.model.layers import RandomAffine
 
 PREVIEW_IMAGES = 64
 PREVIEW_SEED = 1

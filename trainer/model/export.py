@@ -34,8 +34,7 @@ import mnist_contract as contract
 from mnist_contract import join_path
 from trainer import _compat
 from trainer.errors import TrainerError, os_reason
-from trainer.model.augment import RandomAffine
-from trainer.model.dropout import StepDropout
+from trainer.model.layers import RandomAffine, StepDropout
 from trainer.run import outputs
 
 SIGNATURE_INPUT = "images"

@@ -5,7 +5,7 @@
 * ``small``: the same layers, 8/8/32/32 wide; a quick model for tests.
 * ``convnet``: the CPU recipe. The classic Keras MNIST convnet
   (conv-pool-conv-pool, dropout before the classifier) with a dense layer
-  of 128, trained with augmentation (`trainer.model.augment`) and a warmup +
+  of 128, trained with augmentation (`trainer.model.layers`) and a warmup +
   cosine learning-rate schedule (`make_optimizer`).
 * ``convnet_bn``: deeper, for the best accuracy: two pairs of 3x3 convs
   (32, 64), each conv batch-normalized, each pair pooled, then the same
@@ -33,8 +33,7 @@ import tf_keras as keras
 
 import mnist_contract as contract
 from trainer.errors import TrainerError
-from trainer.model.augment import RandomAffine
-from trainer.model.dropout import StepDropout
+from trainer.model.layers import RandomAffine, StepDropout
 from trainer.model.loss import TrainLoss
 from trainer.model.optimizer import build_optimizer, make_optimizer
 from trainer.config import MODELS, PRECISIONS
@@ -119,7 +118,7 @@ def _convnet_bn_features(virtual_batch_size: Optional[int] = None
 def _dropout_classifier(step: Optional[Callable[[], tf.Tensor]],
                         dropout: float) -> list[keras.layers.Layer]:
     """The convnets' classifier: dropout, a dense layer of 128, dropout, the
-    logits. The dropout masks follow the step (`trainer.model.dropout`)."""
+    logits. The dropout masks follow the step (`trainer.model.layers`)."""
     return [
         keras.layers.Flatten(),
         StepDropout(dropout, step=step),
