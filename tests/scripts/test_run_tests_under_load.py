@@ -73,11 +73,15 @@ def nproc() -> int:
 def start_held(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, Path, dict]:
     """run_tests.sh --under-load with a stand-in pytest that records its pid,
     its parent's and its arguments, then waits for ``release`` and exits
-    with the status written there; the script, the release file and the
-    record."""
+    with the status written there (2 on SIGINT or SIGTERM); the script, the
+    release file and the record."""
     record, release = tmp_path / "record", tmp_path / "release"
+    # Like pytest, the stand-in catches SIGINT and SIGTERM and exits with its
+    # own status (2). Left to bash's default, a signal that lands just as its
+    # ``sleep`` exits is taken as handled by the child and the loop goes on.
     fake = fake_program(tmp_path / "python", f"""
 [ "$1" = -c ] && exit 1  # no pytest-xdist
+trap 'exit 2' INT TERM
 printf '%s\\n' "$$" "$PPID" "$*" > {shlex.quote(str(record))}.tmp
 mv {shlex.quote(str(record))}.tmp {shlex.quote(str(record))}
 until [ -f {shlex.quote(str(release))} ]; do sleep 0.05; done
