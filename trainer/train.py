@@ -68,8 +68,8 @@ def train_and_evaluate(config: TrainConfig, *, callbacks: Sequence = ()) -> dict
         # seeded in `trainer.data.input_pipeline`.
         tf_keras.utils.set_random_seed(config.seed)
     with _holding_model_dir(run) as claim:
-        with _marked_as_training(), _training_errors(run), \
-                models.precision(config.mixed_precision):
+        with (_marked_as_training(), _training_errors(run),
+              models.precision(config.mixed_precision)):
             plan = run.plan
             model, optimizer = models.build(run.model_spec, run.distribution.strategy,
                                             plan.total_steps, warmup_steps=plan.warmup_steps,
