@@ -1,9 +1,10 @@
 """Preemption: SIGKILL a training process after a checkpoint, start it again.
 
-Each case runs three real ``python -m trainer`` processes with the same
-flags: an uninterrupted reference, and a run that is killed with SIGKILL as
-soon as its first checkpoint is on disk (the test polls ``model_dir``), then
-started again with the identical command line. The restarted run must
+Each case runs real ``python -m trainer`` processes with the same flags: a
+run that is killed with SIGKILL as soon as its first checkpoint is on disk
+(the test polls ``model_dir``), then started again with the identical command
+line, and an uninterrupted reference (one per loop, shared by the cases that
+compare with it: `reference`). The restarted run must
 
 * say where it resumed ("resuming at step N/120" on stdout, and
   ``resumed_from_step`` in metrics.json), and N must be the step of the
@@ -69,12 +70,44 @@ def finish(proc: subprocess.Popen) -> str:
     return out
 
 
+class Reference:
+    """An uninterrupted run of `start`'s command, started at once so that it
+    trains alongside the first attempt it is compared with."""
+
+    def __init__(self, dataset: str, model_dir: str, loop: str):
+        self.model_dir = model_dir
+        self.proc = start(dataset, model_dir, loop)
+
+    def finished(self) -> str:
+        """Its model_dir, once the run has ended well."""
+        if self.proc.returncode is None:
+            finish(self.proc)
+        assert self.proc.returncode == 0
+        return self.model_dir
+
+
+@pytest.fixture(scope="module")
+def reference(trainer_dataset, tmp_path_factory):
+    """``reference(loop)`` → the module's one `Reference` run for that loop."""
+    runs: dict[str, Reference] = {}
+
+    def get(loop: str) -> Reference:
+        if loop not in runs:
+            runs[loop] = Reference(trainer_dataset(**DATASET),
+                                   str(tmp_path_factory.mktemp(f"reference-{loop}")), loop)
+        return runs[loop]
+    yield get
+    for run in runs.values():
+        run.proc.kill()
+        run.proc.communicate()
+
+
 @pytest.mark.parametrize("loop", ["keras", "custom"])
 def test_sigkill_then_restart_resumes_and_matches_an_uninterrupted_run(
-        trainer_dataset, tmp_path, loop):
+        trainer_dataset, reference, tmp_path, loop):
     dataset = trainer_dataset(**DATASET)
-    reference_dir, model_dir = str(tmp_path / "reference"), str(tmp_path / "preempted")
-    reference = start(dataset, reference_dir, loop)  # runs alongside the first attempt
+    model_dir = str(tmp_path / "preempted")
+    uninterrupted = reference(loop)
     first = start(dataset, model_dir, loop)
     try:
         while not os.path.exists(state_file(model_dir)) and first.poll() is None:
@@ -98,7 +131,7 @@ def test_sigkill_then_restart_resumes_and_matches_an_uninterrupted_run(
     assert sorted(os.listdir(model_dir)) == ["checkpoints", "dataset.json", "export", "logs",
                                           "metrics.json"]
 
-    finish(reference)
+    reference_dir = uninterrupted.finished()
     expected = trainer_data.read_metrics(reference_dir)
     assert expected["resumed_from_step"] == 0 and expected["train_steps"] == TOTAL_STEPS
     want, got = final_variables(reference_dir), final_variables(model_dir)
@@ -126,10 +159,10 @@ def stop_with(proc: subprocess.Popen, model_dir: str, signum: int) -> tuple[str,
 
 @pytest.mark.parametrize("loop", ["keras", "custom"])
 def test_sigterm_saves_at_the_next_call_and_the_rerun_matches_an_uninterrupted_run(
-        trainer_dataset, tmp_path, loop):
+        trainer_dataset, reference, tmp_path, loop):
     dataset = trainer_dataset(**DATASET)
-    reference_dir, model_dir = str(tmp_path / "reference"), str(tmp_path / "preempted")
-    reference = start(dataset, reference_dir, loop)
+    model_dir = str(tmp_path / "preempted")
+    uninterrupted = reference(loop)
     first = start(dataset, model_dir, loop)
     out, err = stop_with(first, model_dir, signal.SIGTERM)
     assert first.returncode == 143, out[-2000:] + err[-4000:]
@@ -148,7 +181,7 @@ def test_sigterm_saves_at_the_next_call_and_the_rerun_matches_an_uninterrupted_r
     assert f"resuming at step {step}/{TOTAL_STEPS}" in out
     metrics = trainer_data.read_metrics(model_dir)
     assert metrics["resumed_from_step"] == step and metrics["train_steps"] == TOTAL_STEPS
-    finish(reference)
+    reference_dir = uninterrupted.finished()
     want, got = final_variables(reference_dir), final_variables(model_dir)
     assert sorted(got) == sorted(want) and len(want) > 10
     for name in want:
