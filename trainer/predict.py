@@ -64,20 +64,28 @@ def check_paths(args: argparse.Namespace) -> None:
         path_checks.check_image(path)
 
 
-def _start() -> None:
+def _failed(error: TrainerError) -> int:
+    """Prints ``error``'s one line after what was printed; its exit status."""
+    sys.stdout.flush()
+    print(f"error: {error}", file=sys.stderr)
+    return error.exit_status
+
+
+def _start() -> argparse.Namespace:
     """The command's start: flags and local paths checked, then TensorFlow
-    imported quietly; a problem ends the process with its one line."""
+    imported quietly; the flags. A problem ends the process with its one line."""
+    args = parse_args(None)
     try:
-        check_paths(parse_args(None))
+        check_paths(args)
     except TrainerError as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(e.exit_status)
+        sys.exit(_failed(e))
     console.use_tf_keras()
     try:
         console.import_tensorflow_quietly()
     except ModuleNotFoundError as e:
         print(console.missing_package(e, "trainer"), file=sys.stderr)
         sys.exit(console.FAILURE)
+    return args
 
 
 # The stop signals' block `command` enters and never leaves: the process ends
@@ -94,24 +102,31 @@ def command() -> int:
     global _STOP_ON_SIGNALS  # pylint: disable=global-statement
     _STOP_ON_SIGNALS = exit_on_signals("predict")
     _STOP_ON_SIGNALS.__enter__()  # pylint: disable=unnecessary-dunder-call
-    _start()
-    return main()
+    return _predict(_start())
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """The command in this process: flags and local paths checked, then the
+    predictions."""
     args = parse_args(argv)
     try:
         check_paths(args)
-        from trainer import serving  # TensorFlow: after the checks above
+    except TrainerError as e:
+        return _failed(e)
+    return _predict(args)
+
+
+def _predict(args: argparse.Namespace) -> int:
+    """Runs the checked ``args``: each image's line, or the split's accuracy."""
+    try:
+        from trainer import serving  # TensorFlow: after the checks
         signature = serving.load_signature(args.model_dir)
         if args.images:
             serving.predict_images(signature, args.images, args.raw)
             return console.OK
         correct, total = serving.evaluate_split(signature, args.data, args.split, args.limit)
     except TrainerError as e:
-        sys.stdout.flush()
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_status
+        return _failed(e)
     print(f"accuracy={correct / total:.4f} ({correct}/{total}) on split {args.split}")
     return console.OK
 
