@@ -111,8 +111,9 @@ def _deferrable(handler) -> bool:
 def deferred() -> Iterator[None]:
     """Inside the block a stop signal waits: the first one is given to the
     handler it would have reached when the block ends, however it ends, and
-    later ones are dropped. A failing block's own error goes on: a `Stopped`
-    the handler raises then is dropped (the handler has noted the stop).
+    later ones inside it are dropped. A failing block's own error goes on: a
+    `Stopped` the handler raises then is dropped (the handler has noted the
+    stop).
 
     Only the program's own handlers wait (`_deferrable`); outside the main
     thread nothing changes. Nested blocks hold the signal until the
@@ -139,15 +140,18 @@ def deferred() -> Iterator[None]:
         raise
     else:
         _act(held, replaced)
-    finally:
-        restore(replaced)
 
 
 def _act(held: list[int], replaced: dict) -> None:
-    """Gives the held signal, if any, to the handler `deferred` held it from
-    (while later signals are still held, then dropped)."""
+    """Puts the handlers `deferred` held the signals from back, then gives the
+    held signal, if any, to its handler. In that order: ``held`` is final
+    only once ``hold`` is no longer installed (Python runs a handler between
+    two bytecodes, so one may run while the handlers are being put back);
+    a signal after that reaches its handler directly."""
+    handlers = dict(replaced)
+    restore(replaced)
     if held:
-        replaced[held[0]](held[0], None)
+        handlers[held[0]](held[0], None)
 
 
 @contextlib.contextmanager

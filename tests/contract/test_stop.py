@@ -32,6 +32,26 @@ def test_deferred_holds_the_first_signal_until_the_outermost_block_ends():
         assert signal.getsignal(signal.SIGTERM) is note
 
 
+def test_a_signal_as_the_block_ends_reaches_the_handler(monkeypatch):
+    """A signal whose handler runs while `deferred` puts the handlers back
+    (as the block's last step returns) is given to the program's handler."""
+    seen, note = _noted()
+    put_back = stop.restore
+    sent = []
+
+    def signalled_while_restoring(replaced):
+        if not sent:  # once: as the block ends, not as on_stop_signals ends
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGTERM)
+        put_back(replaced)
+
+    monkeypatch.setattr(stop, "restore", signalled_while_restoring)
+    with stop.on_stop_signals(note):
+        with stop.deferred():
+            pass
+        assert seen == [signal.SIGTERM]
+
+
 def test_a_failing_block_keeps_its_error_and_the_handler_notes_the_stop():
     seen: list[int] = []
 
