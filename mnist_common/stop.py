@@ -21,7 +21,7 @@ SIGHUP"), docs/launch.md ("TPU VM", "Spot runs: `run`").
 Python runs handlers in the main thread only, and only there can they be
 set: outside it nothing here changes a handler. A signal the process was
 started ignoring (``nohup`` ignores SIGHUP, a script's ``cmd &`` SIGINT)
-stays ignored, unless the caller asks otherwise (``ignored_too``).
+stays ignored.
 """
 
 from __future__ import annotations
@@ -70,15 +70,15 @@ class Stopped(BaseException):
         return signal.Signals(self.signum).name
 
 
-def install(handler: Handler, *, ignored_too: bool = False) -> dict:
+def install(handler: Handler) -> dict:
     """``handler`` for each of `STOP_SIGNALS`; the handlers it replaced, for
-    `restore`. A signal ignored now stays ignored, unless ``ignored_too``;
-    outside the main thread nothing changes (and nothing is returned)."""
+    `restore`. A signal ignored now stays ignored; outside the main thread
+    nothing changes (and nothing is returned)."""
     if threading.current_thread() is not threading.main_thread():
         return {}
     replaced = {}
     for signum in STOP_SIGNALS:
-        if ignored_too or signal.getsignal(signum) is not signal.SIG_IGN:
+        if signal.getsignal(signum) is not signal.SIG_IGN:
             replaced[signum] = signal.signal(signum, handler)
     return replaced
 
@@ -91,10 +91,10 @@ def restore(replaced: dict) -> None:
 
 
 @contextlib.contextmanager
-def on_stop_signals(handler: Handler, *, ignored_too: bool = False) -> Iterator[None]:
+def on_stop_signals(handler: Handler) -> Iterator[None]:
     """``handler`` for the stop signals inside the block (`install`), the
     previous handlers after it."""
-    replaced = install(handler, ignored_too=ignored_too)
+    replaced = install(handler)
     try:
         yield
     finally:

@@ -81,14 +81,13 @@ def test_pythons_keyboard_interrupt_is_not_held():
             pytest.fail("the signal waited for the block's end")
 
 
-def test_an_ignored_signal_stays_ignored_unless_asked():
+def test_an_ignored_signal_stays_ignored():
     seen, note = _noted()
     previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         with stop.on_stop_signals(note):
             assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
-        with stop.on_stop_signals(note, ignored_too=True):
-            assert signal.getsignal(signal.SIGHUP) is note
+            assert signal.getsignal(signal.SIGTERM) is note
         assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
     finally:
         signal.signal(signal.SIGHUP, previous)

@@ -326,12 +326,12 @@ class SpotRun(RunObserves):
     @contextmanager
     def _signals_raise(self) -> Iterator[None]:
         """SIGINT, SIGTERM and SIGHUP raise `Stopped` until the run ends;
-        then they are ignored. Even one the launcher was started ignoring
-        (``ignored_too``) ends the run and deletes its VM."""
+        then they are ignored. One the launcher was started ignoring stays
+        ignored: under ``nohup`` a closed terminal leaves the run going."""
         def handler(signum, frame):
             if not self.ending:
                 raise Stopped(signum)
-        with on_stop_signals(handler, ignored_too=True):
+        with on_stop_signals(handler):
             yield
 
     def _loop(self) -> int:

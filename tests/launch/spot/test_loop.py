@@ -175,6 +175,27 @@ def test_a_signal_once_the_run_ends_does_not_end_it_again(tmp_path):
     assert kinds(out).count("summary") == 1
 
 
+def test_a_hangup_the_launcher_was_started_ignoring_leaves_the_run_going(tmp_path):
+    """Under ``nohup`` (SIGHUP ignored) a closed terminal's SIGHUP, here as
+    the run asks after its trainer, neither ends the run nor deletes its VM."""
+    class HungUp(ScriptedCloud):
+        def trainer(self):
+            os.kill(os.getpid(), signal.SIGHUP)
+            return super().trainer()
+    cloud = HungUp(["READY", "READY", "READY", "GONE"], [progress("training", None, 30),
+                                                progress("exited", 0, 66)])
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        code, out = loop(cloud, tmp_path)
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    assert code == 0, out
+    assert "interrupted" not in kinds(out)
+    assert kinds(out)[-3:] == ["deleted", "finished", "summary"]
+    assert cloud.calls.count("status") == 2
+
+
 def test_a_wheel_that_does_not_build_costs_no_vm(tmp_path):
     class Cloud(ScriptedCloud):
         def build_wheel(self):
