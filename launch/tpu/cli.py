@@ -54,7 +54,7 @@ Settings come from flags, else from environment variables:
     --project            GOOGLE_CLOUD_PROJECT, CLOUDSDK_CORE_PROJECT
                          (optional: gcloud's configured project otherwise)
 
-Arguments this script does not know go to ``python -m trainer`` (e.g.
+Arguments the launcher does not know go to ``python -m trainer`` (e.g.
 ``--loop=custom --epochs=5``). ``--dry_run`` prints, one a line, exactly the
 commands the step runs, in order (``wait`` repeats its one command), and
 exits 0 without running anything.
