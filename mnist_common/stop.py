@@ -136,13 +136,13 @@ def deferred() -> Iterator[None]:
         yield
     except BaseException:
         with contextlib.suppress(Stopped):
-            _act(held, replaced)
+            _release(held, replaced)
         raise
     else:
-        _act(held, replaced)
+        _release(held, replaced)
 
 
-def _act(held: list[int], replaced: dict) -> None:
+def _release(held: list[int], replaced: dict) -> None:
     """Puts the handlers `deferred` held the signals from back, then gives the
     held signal, if any, to its handler. In that order: ``held`` is final
     only once ``hold`` is no longer installed (Python runs a handler between

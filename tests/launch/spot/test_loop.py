@@ -182,8 +182,8 @@ def test_a_hangup_the_launcher_was_started_ignoring_leaves_the_run_going(tmp_pat
         def trainer(self):
             os.kill(os.getpid(), signal.SIGHUP)
             return super().trainer()
-    cloud = HungUp(["READY", "READY", "READY", "GONE"], [progress("training", None, 30),
-                                                progress("exited", 0, 66)])
+    cloud = HungUp(["READY", "READY", "READY", "GONE"],
+                   [progress("training", None, 30), progress("exited", 0, 66)])
     previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         code, out = loop(cloud, tmp_path)
